@@ -1,0 +1,96 @@
+"""The contract every all-reduce backend fulfils (DESIGN 3.2).
+
+A backend is built for one rank of a :class:`~backends.world.World` and sums a
+contiguous 2-D slice over all ranks::
+
+    out = sum(slice_in on rank r for r in range(world.size))   # plain-torch meaning
+
+``all_reduce`` runs on the caller's current stream, never synchronizes the host and
+allocates nothing per call. It is *collective*: every rank calls it the same number of
+times, in the same order, with the same shapes.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import torch
+
+from backends.world import World
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_slice(slice_in: torch.Tensor, out: torch.Tensor) -> None:
+    """Caller-facing checks shared by every backend's ``all_reduce``."""
+    for label, t in (("slice_in", slice_in), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"all_reduce: {label} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"all_reduce: {label} must be 2-D (rows, cols), got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"all_reduce: {label} must be contiguous")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"all_reduce: {label} dtype {t.dtype} not in {SUPPORTED_DTYPES}")
+    if slice_in.shape != out.shape or slice_in.dtype != out.dtype:
+        raise ValueError(
+            f"all_reduce: out {tuple(out.shape)} {out.dtype} must match slice_in "
+            f"{tuple(slice_in.shape)} {slice_in.dtype}")
+    if slice_in.device != out.device:
+        raise ValueError(f"all_reduce: slice_in on {slice_in.device} but out on {out.device}")
+
+
+class Backend(abc.ABC):
+    """One rank's all-reduce strategy. Subclasses register with ``@backends.register``."""
+
+    name: ClassVar[str]
+    #: the transport holds compute units (CTAs/workgroups) while it waits for peers
+    uses_compute_units_while_waiting: ClassVar[bool]
+    #: may run inside CUDA-graph capture (after ensure_capacity ran outside it)
+    capture_safe: ClassVar[bool]
+    #: result equals the fp32-accumulated sum rounded once, same bits on every rank
+    bit_exact: ClassVar[bool]
+    #: False: the op runs GEMM then one unsliced AR with this backend (the baseline)
+    pipelined: ClassVar[bool] = True
+    #: the producer GEMM writes straight into ``input_view`` (peer-visible memory)
+    peer_visible_input: ClassVar[bool] = False
+    #: interior slice bounds must be multiples of this many rows
+    row_align: ClassVar[int] = 1
+
+    def __init__(self, world: World):
+        reason = self.unsupported_reason(world)
+        if reason is not None:
+            raise ValueError(f"backend {self.name!r} cannot run here: {reason}")
+        self.world = world
+
+    @classmethod
+    def unsupported_reason(cls, world: World) -> str | None:
+        """Pure gate: ``None`` if this backend can serve ``world``, else the reason why not."""
+        return None
+
+    @abc.abstractmethod
+    def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        """Collective. ``out[...] = sum over ranks of slice_in`` on the current stream."""
+
+    @abc.abstractmethod
+    def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
+        """Bytes this rank sends per call of ``numel`` values of ``elem_size`` bytes."""
+
+    def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+        """Collective. Grow peer-visible buffers to hold ``max_rows x cols``; refuses in capture."""
+
+    def input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """The ``rows x cols`` tensor the producer writes into (``peer_visible_input`` only)."""
+        raise TypeError(f"backend {self.name!r} has no peer-visible input buffer")
+
+    def close(self) -> None:
+        """Release peer-visible memory; collective where the world's memory is."""
+
+
+def refuse_growth_in_capture(what: str, device: torch.device) -> None:
+    """Raise if the current stream of ``device`` is capturing a CUDA graph."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{what}: growth requested during CUDA-graph capture; call ensure_capacity with "
+            "the largest shape before capturing")

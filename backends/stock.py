@@ -1,0 +1,53 @@
+"""``stock``: the vendor collective, unsliced -- the baseline every other backend is measured against.
+
+Inside vLLM (``world.vllm_tp``) it calls vLLM's ``tensor_model_parallel_all_reduce``
+(which picks vLLM's own custom AR / QuickReduce / NCCL / RCCL); elsewhere
+``torch.distributed.all_reduce`` on the world's group: NCCL on NVIDIA, RCCL through
+torch's "nccl" backend on ROCm, gloo on CPU. With ``stock`` selected the overlap op does
+not slice (``pipelined = False``): GEMM, then one all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from backends.interface import Backend, check_slice
+from backends.registry import register
+from backends.world import World
+
+
+@register("stock")
+class StockBackend(Backend):
+    # NCCL/RCCL kernels occupy SMs/CUs for the whole collective, waiting included.
+    uses_compute_units_while_waiting = True
+    capture_safe = True
+    # Ring/tree reductions sum in the payload dtype in an order that depends on the rank.
+    bit_exact = False
+    pipelined = False
+
+    @classmethod
+    def unsupported_reason(cls, world: World) -> str | None:
+        if world.group is None and not world.vllm_tp and world.size > 1:
+            return (f"the vendor collective needs a process group; the {world.label} "
+                    "world has none")
+        return None
+
+    def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        check_slice(slice_in, out)
+        if self.world.size == 1:
+            if out.data_ptr() != slice_in.data_ptr():
+                out.copy_(slice_in)
+            return
+        if self.world.vllm_tp:
+            from vllm.distributed import tensor_model_parallel_all_reduce
+
+            out.copy_(tensor_model_parallel_all_reduce(slice_in))
+            return
+        if out.data_ptr() != slice_in.data_ptr():
+            out.copy_(slice_in)
+        dist.all_reduce(out, group=self.world.group)
+
+    def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
+        # Ring all-reduce: reduce-scatter then all-gather, each moving (W-1)/W of the data.
+        return 2 * (world_size - 1) * numel * elem_size // world_size

@@ -1,0 +1,86 @@
+"""Where ranks live: one rank's view of its world (DESIGN 3.4).
+
+A :class:`World` carries the rank, the world size, the device, the process group (if
+the ranks are processes) and the rank's :class:`~backends.peer_memory.PeerMemory`.
+Backends are built for a World and never ask torch.distributed for anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from backends.peer_memory import (LocalMemory, PeerMemory, PinnedHostGroup, PinnedHostMemory,
+                                  SharedFileMemory, SymmetricMemory)
+
+#: how each kind of world is labelled on every figure it produces
+WORLD_LABELS = {
+    "cpu-shm": "CPU, {size} processes (gloo + shared memory)",
+    "gpu-symm": "{size} GPUs, one process each (symmetric memory)",
+    "gpu-emulated": "1 GPU, {size} emulated ranks over PCIe",
+    "single": "1 rank, no peers",
+}
+
+
+@dataclass
+class World:
+    rank: int
+    size: int
+    device: torch.device
+    memory: PeerMemory
+    group: dist.ProcessGroup | None = None
+    #: inside vLLM: the stock backend calls vLLM's tensor_model_parallel_all_reduce
+    vllm_tp: bool = False
+
+    @property
+    def kind(self) -> str:
+        return self.memory.kind
+
+    @property
+    def emulated(self) -> bool:
+        return self.kind == "gpu-emulated"
+
+    @property
+    def label(self) -> str:
+        return WORLD_LABELS[self.kind].format(size=self.size)
+
+
+def from_process_group(group: dist.ProcessGroup | None = None,
+                       device: torch.device | None = None, vllm_tp: bool = False) -> World:
+    """Collective: this process's World in ``group`` (default: the whole job).
+
+    CPU device -> shared-memory files; CUDA/ROCm device -> symmetric memory.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("from_process_group: torch.distributed is not initialized "
+                           "(run under torchrun, or use backends.cpu_world for CPU ranks)")
+    if device is None:
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    if device.type == "cpu":
+        memory: PeerMemory = SharedFileMemory(group)
+    elif device.type == "cuda":
+        if device.index is None:
+            raise ValueError(f"from_process_group: device {device} needs an index (cuda:N)")
+        memory = SymmetricMemory(group, device)
+    else:
+        raise ValueError(f"from_process_group: device type {device.type!r}: expected cpu or cuda")
+    return World(memory.rank, memory.size, device, memory, group, vllm_tp)
+
+
+def emulated_worlds(size: int, device: torch.device) -> list[World]:
+    """W ranks on one GPU in this process, peer buffers in pinned host memory."""
+    if size < 1:
+        raise ValueError(f"emulated_worlds: size must be >= 1, got {size}")
+    if device.type != "cuda":
+        raise ValueError(f"emulated_worlds: needs a CUDA/ROCm device, got {device}")
+    group = PinnedHostGroup(size)
+    return [World(r, size, device, PinnedHostMemory(group, r)) for r in range(size)]
+
+
+def single_world(device: torch.device | str = "cpu") -> World:
+    """A world of one rank (no process group): the op runs, every all-reduce is a copy."""
+    device = torch.device(device)
+    return World(0, 1, device, LocalMemory(device))

@@ -1,0 +1,15 @@
+"""The overlap op: a RowParallel linear whose all-reduce hides under its own GEMM.
+
+    >>> import overlap
+    >>> overlap.configure(world)                       # collective, once per process
+    >>> out = torch.ops.radiance.linear_ar(x, w, None, "bf16")
+
+See :mod:`overlap.op` for what the op does and :mod:`overlap.pipeline` for the timeline.
+"""
+
+from overlap.config import OverlapSettings, from_env
+from overlap.op import forward, linear_ar
+from overlap.runtime import OverlapRuntime, build, configure, current
+
+__all__ = ["OverlapRuntime", "OverlapSettings", "build", "configure", "current", "forward",
+           "from_env", "linear_ar"]

@@ -1,0 +1,33 @@
+"""The op's validated settings, read once from the environment (DESIGN 3.1).
+
+The knobs themselves are declared in :mod:`backends.envs` (one parser for both
+packages); this module turns them into :class:`OverlapSettings` and checks the backend
+name against the registry, so a typo stops start-up with the valid choices listed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import backends
+from backends import envs
+
+
+@dataclass(frozen=True)
+class OverlapSettings:
+    enabled: bool  # RADIANCE_AR_OVERLAP
+    backend: str  # RADIANCE_AR_BACKEND, canonical registry name
+    min_m: int  # RADIANCE_AR_OVERLAP_MIN_M
+    slices: int  # RADIANCE_AR_OVERLAP_SLICES
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
+    """Every knob validated (all of them, not only the op's); ``ValueError`` on a bad one."""
+    values = envs.snapshot(environ)
+    return OverlapSettings(
+        enabled=values["RADIANCE_AR_OVERLAP"],
+        backend=backends.from_env(environ).name,
+        min_m=values["RADIANCE_AR_OVERLAP_MIN_M"],
+        slices=values["RADIANCE_AR_OVERLAP_SLICES"],
+    )

@@ -1,0 +1,79 @@
+"""The process's overlap runtime: the world, the settings, the backends and the buffers.
+
+``radiance::linear_ar`` is a torch custom op and cannot take Python objects, so the
+state it needs lives here, set up once per process by :func:`configure` (the vLLM
+installer calls it; tests and tools call it directly). :func:`forward` is the op's
+body with the runtime passed explicitly, which lets one process drive several emulated
+ranks, each with its own runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+import backends
+from backends.interface import Backend
+from backends.world import World
+from overlap.config import OverlapSettings, from_env
+from overlap.lanes import Lanes
+from overlap.scratch import ScratchPool
+
+
+@dataclass
+class OverlapRuntime:
+    world: World
+    settings: OverlapSettings
+    backend: Backend  # the sliced path's all-reduce
+    scratch: ScratchPool = field(default_factory=ScratchPool)
+    _lanes: Lanes | None = None
+    _stock: Backend | None = None
+
+    @property
+    def stock(self) -> Backend:
+        """The decode path's all-reduce (and the unsliced baseline's): the vendor collective.
+
+        Built on first use, so a world without a vendor collective (the emulated one) can
+        still run the sliced path; using the decode path there raises the stock gate's reason.
+        """
+        if self._stock is None:
+            self._stock = (self.backend if self.backend.name == "stock"
+                           else backends.get("stock")(self.world))
+        return self._stock
+
+    def lanes(self) -> Lanes:
+        # Created on the first sliced call only: the decode path never touches streams.
+        if self._lanes is None:
+            self._lanes = Lanes(self.world.device)
+        return self._lanes
+
+    def close(self) -> None:
+        self.backend.close()
+        if self._stock is not None and self._stock is not self.backend:
+            self._stock.close()
+
+
+_current: OverlapRuntime | None = None
+
+
+def build(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
+    """Collective: a runtime for ``world`` (settings default to the environment's)."""
+    settings = from_env() if settings is None else settings
+    return OverlapRuntime(world, settings, backends.get(settings.backend)(world))
+
+
+def configure(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
+    """Collective: build this process's runtime and make the op use it."""
+    global _current
+    if _current is not None:
+        _current.close()
+    _current = build(world, settings)
+    return _current
+
+
+def current() -> OverlapRuntime:
+    if _current is None:
+        raise RuntimeError("radiance::linear_ar has no runtime in this process: call "
+                           "overlap.configure(world) first (the vLLM installer does)")
+    return _current
