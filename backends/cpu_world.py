@@ -108,6 +108,10 @@ class CpuWorldPool:
                              + "\n".join(failures))
         return [out[r] for r in range(self.size)]
 
+    @property
+    def closed(self) -> bool:
+        return not self._procs
+
     def _exitcode(self, rank: int) -> int | None:
         return self._procs[rank].exitcode
 

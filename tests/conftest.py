@@ -1,0 +1,38 @@
+"""Shared test plumbing: GPU markers skip cleanly without a device; CPU worlds are pooled.
+
+``cpu_world(W)`` returns a :class:`backends.cpu_world.CpuWorldPool` of W gloo processes,
+started once per pytest run and closed at the end (a process start costs seconds).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.cpu_world import CpuWorldPool
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    no_gpu = pytest.mark.skip(reason="needs a CUDA/ROCm GPU; none is visible")
+    no_multi = pytest.mark.skip(reason="needs >= 2 GPUs under torchrun")
+    for item in items:
+        if "gpu" in item.keywords and gpus < 1:
+            item.add_marker(no_gpu)
+        if "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(no_multi)
+
+
+@pytest.fixture(scope="session")
+def cpu_world():
+    pools: dict[int, CpuWorldPool] = {}
+
+    def get(size: int) -> CpuWorldPool:
+        pool = pools.get(size)
+        if pool is None or pool.closed:
+            pool = pools[size] = CpuWorldPool(size)
+        return pool
+
+    yield get
+    for pool in pools.values():
+        pool.close()
