@@ -67,7 +67,8 @@ def from_process_group(group: dist.ProcessGroup | None = None,
         memory = SymmetricMemory(group, device)
     else:
         raise ValueError(f"from_process_group: device type {device.type!r}: expected cpu or cuda")
-    return World(memory.rank, memory.size, device, memory, group, vllm_tp)
+    return World(memory.rank, memory.size, device, memory,
+                 group if group is not None else dist.group.WORLD, vllm_tp)
 
 
 def emulated_worlds(size: int, device: torch.device) -> list[World]:

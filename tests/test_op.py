@@ -1,0 +1,125 @@
+"""radiance::linear_ar in a one-rank world: opcheck, torch.compile, bad input, scratch."""
+
+import pytest
+import torch
+
+import overlap
+import world_jobs
+from backends.world import single_world
+from overlap.config import OverlapSettings
+from overlap.op import forward
+
+OP = torch.ops.radiance.linear_ar.default
+
+
+@pytest.fixture
+def stock_runtime():
+    return overlap.configure(single_world("cpu"), OverlapSettings(True, "stock", 8, 4))
+
+
+def make(rows=16, k=32, cols=24, dtype=torch.bfloat16, seed=0):
+    return world_jobs.shard(seed, 0, rows, cols, k, dtype)
+
+
+def test_opcheck_decode_and_prefill_rows(stock_runtime):
+    for rows in (3, 16):
+        x, w = make(rows)
+        torch.library.opcheck(OP, (x, w, None, "bf16"))
+
+
+def test_compiles_as_one_node_and_matches_eager(stock_runtime):
+    class RowParallel(torch.nn.Module):
+        def __init__(self, w):
+            super().__init__()
+            self.w = torch.nn.Parameter(w, requires_grad=False)
+
+        def forward(self, x):
+            return torch.ops.radiance.linear_ar(x * 2, self.w, None, "bf16") + 1
+
+    x, w = make(16)
+    mod = RowParallel(w)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(mod, fullgraph=True, backend=record)(x)
+    calls = [n for g in graphs for n in g.graph.nodes if n.op == "call_function"
+             and "linear_ar" in str(n.target)]
+    assert len(graphs) == 1 and len(calls) == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(mod, fullgraph=True, backend="aot_eager")
+    for rows in (16, 5, 40):  # a shape change must not break the graph either
+        xr, _ = make(rows)
+        assert torch.equal(compiled(xr), mod(xr))
+
+
+def test_result_is_the_product_in_a_one_rank_world(stock_runtime):
+    x, w = make(16)
+    out = torch.ops.radiance.linear_ar(x, w, None, "bf16")
+    ref = x.double() @ w.double().t()
+    assert (out.double() - ref).abs().max() <= 2 ** -7 * ref.abs().max()
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda x, w: (x.float().to(torch.int32), w), TypeError, "x dtype"),
+    (lambda x, w: (x[0], w), ValueError, "x must be 2-D"),
+    (lambda x, w: (x.unsqueeze(0), w), ValueError, "x must be 2-D"),
+    (lambda x, w: (x, w[0]), ValueError, "weight must be 2-D"),
+    (lambda x, w: (x[:, :-1].contiguous(), w), ValueError, "K mismatch"),
+    (lambda x, w: (x[:0], w), ValueError, "0 rows"),
+    (lambda x, w: (x.t().contiguous().t(), w), ValueError, "contiguous"),
+    (lambda x, w: (x, w.to(torch.float16)), TypeError, "weight dtype"),
+    (lambda x, w: (x, w.to("meta")), ValueError, "x is on cpu but weight is on meta"),
+])
+def test_bad_input_raises_clearly(stock_runtime, mutate, error, match):
+    x, w = make(16)
+    bx, bw = mutate(x, w)
+    with pytest.raises(error, match=match):
+        torch.ops.radiance.linear_ar(bx, bw, None, "bf16")
+
+
+def test_unknown_producer_lists_the_registered_ones(stock_runtime):
+    x, w = make(16)
+    with pytest.raises(ValueError, match="unknown producer 'mxfp4'.*bf16"):
+        torch.ops.radiance.linear_ar(x, w, None, "mxfp4")
+
+
+def test_fp8_rowwise_producer_matches_quantized_reference(stock_runtime):
+    x, w = make(16)
+    w_scale = (w.float().abs().amax(dim=1) / 448.0).clamp_min(1e-12)
+    w8 = (w.float() / w_scale[:, None]).to(torch.float8_e4m3fn)
+    out = torch.ops.radiance.linear_ar(x, w8, w_scale, "fp8_rowwise")
+    x_scale = (x.float().abs().amax(dim=1, keepdim=True) / 448.0)
+    x8 = (x.float() / x_scale).to(torch.float8_e4m3fn)
+    ref = (x8.double() * x_scale.double()) @ (w8.double() * w_scale.double()[:, None]).t()
+    assert (out.double() - ref).abs().max() <= 2 ** -7 * ref.abs().max()
+    with pytest.raises(ValueError, match="weight_scale must be float32"):
+        torch.ops.radiance.linear_ar(x, w8, None, "fp8_rowwise")
+
+
+def test_no_runtime_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(overlap.runtime, "_current", None)
+    x, w = make(4)
+    with pytest.raises(RuntimeError, match="overlap.configure"):
+        torch.ops.radiance.linear_ar(x, w, None, "bf16")
+
+
+def test_scratch_is_flat_after_warm_up():
+    world = single_world("cpu")
+    backend = world_jobs.PeerSumBackend(world)
+    rt = overlap.OverlapRuntime(world, OverlapSettings(True, backend.name, 1, 3), backend)
+    x, w = make(64)
+    w_scale = (w.float().abs().amax(dim=1) / 448.0)
+    w8 = (w.float() / w_scale[:, None]).to(torch.float8_e4m3fn)
+    forward(rt, x, w8, w_scale, "fp8_rowwise")  # warm-up at the high-water mark
+    growths, reserved, peer = rt.scratch.growths, rt.scratch.reserved_bytes(), backend.buffer
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(300):
+        rows = int(torch.randint(1, 65, (1,), generator=gen))
+        out = forward(rt, x[:rows].contiguous(), w8, w_scale, "fp8_rowwise")
+        assert out.shape == (rows, w.shape[0])
+    assert rt.scratch.growths == growths and rt.scratch.reserved_bytes() == reserved
+    assert backend.buffer is peer

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Compare every all-reduce backend side by side on the same shapes, slicing and buffers.
+
+The project's main job (DESIGN 4). Where it runs decides the world:
+
+  torchrun --nproc-per-node W tools/compare_backends.py   one GPU per rank (the real thing)
+  python tools/compare_backends.py                         no GPU: W CPU processes (gloo + shm)
+
+For every backend x M x slices it verifies the op's result against a float64 reference
+on every rank (a wrong backend is reported as wrong and not timed), then times GEMM
+alone, AR alone, GEMM then stock AR (serial) and the overlap op, and derives speedup,
+hidden fraction, wire bytes and bus bandwidth. Output: a table, JSON, CSV and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import backends  # noqa: E402
+import report  # noqa: E402
+from world_measure import Case, measure  # noqa: E402
+
+# CPU worlds run the same protocol at sizes two cores finish in minutes; GPU runs use the
+# prefill shapes of DESIGN 4 (N=5120, K=4352: the seed model's down_proj per rank).
+DEFAULTS = {
+    "cpu": {"m": [256, 1024], "n": 1024, "k": 1024, "reps": 5, "warmup": 1},
+    "gpu": {"m": [2048, 8192, 16384], "n": 5120, "k": 4352, "reps": 30, "warmup": 5},
+}
+QUICK = {"cpu": {"m": [256], "n": 256, "k": 256, "reps": 3, "warmup": 1},
+         "gpu": {"m": [2048, 8192], "n": 5120, "k": 4352, "reps": 10, "warmup": 3}}
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers >= 1")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world", type=int, default=4,
+                   help="ranks of the CPU world (ignored under torchrun, which sets it); default 4")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated backend names; default every registered one")
+    p.add_argument("--m", type=int_list, default=None,
+                   help="rows (tokens) to measure, e.g. 2048,8192; default by device")
+    p.add_argument("--n", type=int, default=None, help="output columns N of the linear")
+    p.add_argument("--k", type=int, default=None, help="input columns K (this rank's shard)")
+    p.add_argument("--slices", type=int_list, default=[4], help="slice counts S; default 4")
+    p.add_argument("--producer", default="bf16", choices=["bf16"],
+                   help="GEMM producer the op runs (bf16 torch.mm)")
+    p.add_argument("--reps", type=int, default=None, help="timed repeats (median reported)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing")
+    p.add_argument("--quick", action="store_true", help="a smoke run: one small M, few repeats")
+    p.add_argument("--out-dir", default="results",
+                   help="folder for compare.json/.csv/.png (default results/)")
+    p.add_argument("--json", default=None, help="JSON path (default OUT_DIR/compare.json)")
+    p.add_argument("--no-png", action="store_true", help="skip the PNG (no matplotlib needed)")
+    args = p.parse_args(argv)
+    if args.world < 1:
+        p.error(f"--world {args.world}: expected >= 1")
+    names = backends.names()
+    args.backends = names if args.backends is None else [b for b in args.backends.split(",") if b]
+    for b in args.backends:
+        try:
+            backends.get(b)
+        except ValueError as e:
+            p.error(f"--backends: {e}")
+    return args
+
+
+def cases(args: argparse.Namespace, device: str) -> list[Case]:
+    base = dict(DEFAULTS[device])
+    if args.quick:
+        base.update(QUICK[device])
+    m = args.m or base["m"]
+    n, k = args.n or base["n"], args.k or base["k"]
+    reps, warmup = args.reps or base["reps"], args.warmup if args.warmup is not None else base["warmup"]
+    out = []
+    for name in args.backends:
+        pipelined = backends.get(name).pipelined
+        for rows in m:
+            for s in (args.slices if pipelined else [1]):
+                out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s, producer=args.producer))
+    return out
+
+
+def header(kind: str, label: str, size: int, device: str) -> dict:
+    return {"world": kind, "label": label, "W": size, "device": device,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])}
+
+
+def gate_reason(name: str, world) -> str | None:
+    return backends.get(name).unsupported_reason(world)
+
+
+def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    from backends.cpu_world import CpuWorldPool
+
+    todo = cases(args, "cpu")
+    hdr = header("cpu-shm", f"CPU, {args.world} processes (gloo + shared memory)", args.world,
+                 platform.processor() or platform.machine())
+    print_header(hdr)
+    records = []
+    with CpuWorldPool(args.world) as pool:
+        for i, case in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {case.backend} M={case.rows} S={case.slices} ...",
+                  file=sys.stderr, flush=True)
+            records.append(pool.run(run_case, case)[0])
+    return hdr, records
+
+
+def run_case(world, case: Case) -> dict:
+    reason = gate_reason(case.backend, world)
+    if reason is not None:
+        return {"backend": case.backend, "M": case.rows, "slices": case.slices,
+                "correct": None, "skipped": reason}
+    return measure(world, case)
+
+
+def print_header(hdr: dict) -> None:
+    print(f"# radiance-ar compare_backends -- {hdr['label']}")
+    print(f"# device {hdr['device']}, W={hdr['W']}, torch {hdr['torch']}, cuda {hdr['cuda']}, "
+          f"hip {hdr['hip']}, {hdr['date']}")
+    print(f"# command: {hdr['command']}", flush=True)
+
+
+def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
+    print(report.table([r for r in records if "skipped" not in r]))
+    for r in records:
+        if "skipped" in r:
+            print(f"skipped {r['backend']}: {r['skipped']}")
+        elif not r["correct"]:
+            print(f"WRONG {r['backend']} M={r['M']}: rel rms {r['rel_rms_err']:.2e}, identical on "
+                  f"ranks: {r['identical_on_ranks']} -- not timed")
+    if hdr["world"] == "cpu-shm":
+        print("note: CPU timings are perf_counter medians; CPU ranks share two cores, so "
+              "overlap is not expected here. Contention needs GPU streams.")
+    os.makedirs(args.out_dir, exist_ok=True)
+    json_path = args.json or os.path.join(args.out_dir, "compare.json")
+    report.write_json(json_path, hdr, records)
+    report.write_csv(os.path.join(args.out_dir, "compare.csv"), records)
+    written = [json_path, os.path.join(args.out_dir, "compare.csv")]
+    if not args.no_png:
+        png = os.path.join(args.out_dir, "compare.png")
+        report.write_png(png, f"{hdr['label']} -- {hdr['device']} -- {hdr['date']}",
+                         [r for r in records if "skipped" not in r])
+        written.append(png)
+    print("wrote " + ", ".join(written))
+
+
+def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
+    import torch.distributed as dist
+
+    from backends.world import from_process_group
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    world = from_process_group(device=torch.device("cuda", local))
+    hdr = header(world.kind, world.label, world.size, torch.cuda.get_device_name(local))
+    if world.rank == 0:
+        print_header(hdr)
+    records = [run_case(world, case) for case in cases(args, "gpu")]
+    dist.destroy_process_group()
+    return (hdr, records) if world.rank == 0 else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if "LOCAL_RANK" in os.environ and torch.cuda.is_available():
+        result = run_torchrun(args)
+        if result is None:
+            return 0
+        hdr, records = result
+    else:
+        hdr, records = run_cpu(args)
+    finish(args, hdr, records)
+    return 0 if all(r["correct"] is not False for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

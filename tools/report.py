@@ -1,0 +1,89 @@
+"""Writing results: the terminal table, JSON, CSV and the PNG plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+from typing import Iterable, Sequence
+
+#: (column title, record key, format) of the terminal table, in order
+COLUMNS: Sequence[tuple[str, str, str]] = (
+    ("backend", "backend", "{}"), ("M", "M", "{}"), ("S", "slices", "{}"),
+    ("gemm ms", "t_gemm_ms", "{:.3f}"), ("ar ms", "t_ar_ms", "{:.3f}"),
+    ("serial ms", "t_serial_ms", "{:.3f}"), ("ovl ms", "t_ovl_ms", "{:.3f}"),
+    ("speedup", "speedup", "{:.2f}x"), ("hidden", "hidden", "{:.2f}"),
+    ("contention", "contention", "{:.2f}x"), ("wire MiB", "wire_bytes", "mib"),
+    ("bus GB/s", "bus_gbs", "{:.1f}"), ("rel rms", "rel_rms_err", "{:.1e}"),
+    ("max abs", "max_abs_err", "{:.1e}"), ("ok", "correct", "ok"),
+)
+
+
+def cell(record: dict, key: str, fmt: str) -> str:
+    value = record.get(key)
+    if value is None:
+        return "-"
+    if fmt == "mib":
+        return f"{value / 2 ** 20:.1f}"
+    if fmt == "ok":
+        return "yes" if value else "WRONG"
+    return fmt.format(value)
+
+
+def table(records: Iterable[dict]) -> str:
+    rows = [[title for title, _, _ in COLUMNS]]
+    rows += [[cell(r, key, fmt) for _, key, fmt in COLUMNS] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: str, header: dict, records: list[dict]) -> None:
+    with open(path, "w") as f:
+        json.dump({"mode": header, "records": records}, f, indent=1)
+
+
+def write_csv(path: str, records: list[dict]) -> None:
+    keys: list[str] = []
+    for r in records:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(records)
+
+
+def write_png(path: str, title: str, records: list[dict]) -> None:
+    """(a) speedup vs M per backend, (b) contention per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_speed, ax_cont) = plt.subplots(1, 2, figsize=(12, 4.5))
+    timed = [r for r in records if r.get("speedup") is not None]
+    for name in dict.fromkeys(r["backend"] for r in timed):
+        for slices in sorted({r["slices"] for r in timed if r["backend"] == name}):
+            pts = sorted((r["M"], r["speedup"]) for r in timed
+                         if r["backend"] == name and r["slices"] == slices)
+            ax_speed.plot(*zip(*pts), marker="o", label=f"{name} S={slices}")
+    ax_speed.axhline(1.0, color="grey", lw=0.8)
+    ax_speed.set(xscale="log", xlabel="M (rows)", ylabel="speedup vs stock (GEMM then AR)",
+                 title="speedup")
+    ax_speed.legend(fontsize=7)
+    cont = {}
+    for r in records:
+        if r.get("contention") is not None:
+            cont[r["backend"]] = max(cont.get(r["backend"], 0.0), r["contention"])
+    if cont:
+        ax_cont.bar(list(cont), list(cont.values()))
+        ax_cont.axhline(1.05, color="green", lw=0.8, ls="--", label="1.05x goal")
+        ax_cont.legend(fontsize=7)
+    else:
+        ax_cont.text(0.5, 0.5, "contention is measured on GPUs only", ha="center",
+                     transform=ax_cont.transAxes)
+    ax_cont.set(ylabel="GEMM slowdown while the AR runs", title="contention (worst M)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,127 @@
+"""One (backend, M, slices) measurement on every rank of a process world.
+
+Runs the same code on each rank of a CPU world (gloo) or of a torchrun GPU world:
+verify first, then time. Timings are medians over ``reps`` after ``warmup`` calls, each
+call preceded by a barrier; on a GPU they are device-event times, on the CPU
+``perf_counter`` times. The reference is independent of every backend: each rank's
+float64 partial product, summed over ranks by a float64 all-reduce.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import metrics
+import overlap
+from backends.world import World
+from overlap.config import OverlapSettings
+from overlap.op import forward
+
+
+@dataclass
+class Case:
+    backend: str
+    rows: int
+    cols: int
+    k: int
+    slices: int
+    reps: int
+    warmup: int
+    seed: int = 0
+    producer: str = "bf16"
+
+
+def shard(world: World, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(case.seed * 7919 + world.rank)
+    x = torch.randn(case.rows, case.k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(case.cols, case.k, generator=g) / case.k ** 0.5).to(torch.bfloat16)
+    return x.to(world.device), w.to(world.device)
+
+
+def timed_ms(world: World, fn, reps: int, warmup: int) -> list[float]:
+    """Per-call times of ``fn()`` in ms, each call started after a barrier."""
+    gpu = world.device.type == "cuda"
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        world.memory.barrier()
+        if gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def digest(t: torch.Tensor) -> int:
+    return zlib.crc32(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def measure(world: World, case: Case) -> dict:
+    """Collective. A record (rank 0's timings; errors and digests of every rank)."""
+    settings = OverlapSettings(True, case.backend, 1, case.slices)
+    rt = overlap.build(world, settings)
+    stock = overlap.build(world, OverlapSettings(True, "stock", 1, 1))
+    x, w = shard(world, case)
+    partial = x.double() @ w.double().t()
+    dist.all_reduce(partial, group=world.group)
+    out = forward(rt, x, w, None, case.producer)
+    rel, max_abs = metrics.errors(out, partial)
+    digests = [None] * world.size
+    dist.all_gather_object(digests, digest(out), group=world.group)
+    backend = rt.backend
+    record = {
+        "backend": case.backend, "world": world.kind, "W": world.size, "M": case.rows,
+        "N": case.cols, "K": case.k, "slices": case.slices if backend.pipelined else 1,
+        "rel_rms_err": rel, "max_abs_err": max_abs,
+        "identical_on_ranks": len(set(digests)) == 1,
+        "wire_bytes": backend.wire_bytes(case.rows * case.cols, world.size, out.element_size()),
+        "emulated": world.emulated, "uses_cus_while_waiting": backend.uses_compute_units_while_waiting,
+    }
+    record["correct"] = bool(rel <= backend.rel_rms_bound and record["identical_on_ranks"])
+    if not record["correct"]:
+        return record  # a wrong backend is reported as wrong, not timed
+
+    y = torch.empty_like(out)
+    ar_in = torch.empty_like(out)
+    if backend.peer_visible_input:
+        backend.ensure_capacity(case.rows, case.cols, out.dtype)
+        ar_in = backend.input_view(case.rows, case.cols, out.dtype)
+    ar_in.copy_(out)
+
+    def gemm():
+        torch.mm(x, w.t(), out=y)
+
+    def serial():
+        forward(stock, x, w, None, case.producer)
+
+    def ovl():
+        forward(rt, x, w, None, case.producer)
+
+    def ar():
+        backend.all_reduce(ar_in, y)
+
+    times = {}
+    for key, fn in (("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)):
+        med, spread = metrics.median_and_spread(timed_ms(world, fn, case.reps, case.warmup))
+        times[key] = med
+        record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
+    record["speedup"] = metrics.speedup(times["serial"], times["ovl"])
+    record["hidden"] = metrics.hidden_fraction(times["gemm"], times["ar"], times["ovl"])
+    record["contention"] = None  # needs concurrent streams: measured on GPUs only
+    record["bus_gbs"] = metrics.bus_bandwidth_gbs(record["wire_bytes"], times["ar"])
+    rt.close()
+    stock.close()
+    return record
