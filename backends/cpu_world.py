@@ -91,9 +91,10 @@ class CpuWorldPool:
             except queue.Empty:
                 dead = [r for r, p in enumerate(self._procs) if p.exitcode is not None]
                 if dead:
+                    codes = [self._procs[r].exitcode for r in dead]
                     self.close()
-                    raise WorldError(f"{fn.__name__}: rank(s) {dead} died "
-                                     f"(exit codes {[self._exitcode(r) for r in dead]})")
+                    raise WorldError(f"{fn.__name__}: rank(s) {dead} died (exit codes {codes}); "
+                                     "pool closed")
                 if time.monotonic() > deadline:
                     self.close()
                     raise WorldError(f"{fn.__name__}: no result from every rank within "
@@ -111,9 +112,6 @@ class CpuWorldPool:
     @property
     def closed(self) -> bool:
         return not self._procs
-
-    def _exitcode(self, rank: int) -> int | None:
-        return self._procs[rank].exitcode
 
     def close(self) -> None:
         for q, p in zip(self._jobs, self._procs):

@@ -59,10 +59,21 @@ class PeerMemory(abc.ABC):
 
     def __init__(self, rank: int, size: int):
         self.rank, self.size = rank, size
+        #: allocations made and bytes allocated by this rank (flat after warm-up)
+        self.allocations = 0
+        self.allocated_bytes = 0
 
-    @abc.abstractmethod
     def allocate(self, name: str, nbytes: int) -> PeerBuffer:
         """Collective: a fresh zero-filled buffer of ``nbytes`` on every rank."""
+        if nbytes < 1:
+            raise ValueError(f"peer buffer {name!r}: nbytes must be >= 1, got {nbytes}")
+        self.allocations += 1
+        self.allocated_bytes += nbytes
+        return self._allocate(name, nbytes)
+
+    @abc.abstractmethod
+    def _allocate(self, name: str, nbytes: int) -> PeerBuffer:
+        """The implementation's allocation (see :meth:`allocate`)."""
 
     @abc.abstractmethod
     def barrier(self) -> None:
@@ -90,7 +101,7 @@ class SharedFileMemory(PeerMemory):
     def _path(self, serial: int, rank: int) -> str:
         return f"{self._prefix}-{serial}-r{rank}"
 
-    def allocate(self, name: str, nbytes: int) -> PeerBuffer:
+    def _allocate(self, name: str, nbytes: int) -> PeerBuffer:
         self._serial += 1
         mine = self._path(self._serial, self.rank)
         storage = torch.UntypedStorage.from_file(mine, shared=True, nbytes=nbytes)
@@ -121,7 +132,7 @@ class SymmetricMemory(PeerMemory):
         super().__init__(dist.get_rank(group), dist.get_world_size(group))
         self.group, self.device = group, device
 
-    def allocate(self, name: str, nbytes: int) -> PeerBuffer:
+    def _allocate(self, name: str, nbytes: int) -> PeerBuffer:
         import torch.distributed._symmetric_memory as symm_mem
 
         local = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -147,7 +158,7 @@ class LocalMemory(PeerMemory):
         super().__init__(0, 1)
         self.device = device
 
-    def allocate(self, name: str, nbytes: int) -> PeerBuffer:
+    def _allocate(self, name: str, nbytes: int) -> PeerBuffer:
         return PeerBuffer(name, nbytes, 0, [torch.zeros(nbytes, dtype=torch.uint8,
                                                         device=self.device)])
 
@@ -183,7 +194,7 @@ class PinnedHostMemory(PeerMemory):
         super().__init__(rank, group.size)
         self.group = group
 
-    def allocate(self, name: str, nbytes: int) -> PeerBuffer:
+    def _allocate(self, name: str, nbytes: int) -> PeerBuffer:
         return PeerBuffer(name, nbytes, self.rank, self.group.buffers(self.rank, name, nbytes))
 
     def barrier(self) -> None:
