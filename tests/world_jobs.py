@@ -61,7 +61,7 @@ class PeerSumBackend(Backend):
         row_bytes = slice_in.shape[1] * slice_in.element_size()
         offset = slice_in.data_ptr() - self.buffer.local.data_ptr()
         self.world.memory.barrier()
-        acc = torch.zeros(slice_in.shape, dtype=torch.float32)
+        acc = torch.zeros(slice_in.shape, dtype=torch.float32, device=slice_in.device)
         for r in range(self.world.size):
             acc += typed_view(self.buffer.peer(r), slice_in.shape[0], slice_in.shape[1],
                               slice_in.dtype, offset).float()
