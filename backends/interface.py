@@ -87,6 +87,12 @@ class Backend(abc.ABC):
         """The ``rows x cols`` tensor the producer writes into (``peer_visible_input`` only)."""
         raise TypeError(f"backend {self.name!r} has no peer-visible input buffer")
 
+    def fill_passive_peers(self) -> None:
+        """Timing mode of an emulated world: make every other rank a passive peer whose
+        payloads and flags for all future calls are already in host memory, so one active
+        rank can be timed alone (DESIGN 3.4). Results are then not sums over ranks."""
+        raise TypeError(f"backend {self.name!r} has no passive-peer timing mode")
+
     def close(self) -> None:
         """Release peer-visible memory; collective where the world's memory is."""
 

@@ -4,7 +4,8 @@
 The project's main job (DESIGN 4). Where it runs decides the world:
 
   torchrun --nproc-per-node W tools/compare_backends.py   one GPU per rank (the real thing)
-  python tools/compare_backends.py                         no GPU: W CPU processes (gloo + shm)
+  python tools/compare_backends.py                         one GPU: W emulated ranks over PCIe
+                                                           no GPU: W CPU processes (gloo + shm)
 
 For every backend x M x slices it verifies the op's result against a float64 reference
 on every rank (a wrong backend is reported as wrong and not timed), then times GEMM
@@ -51,7 +52,10 @@ def int_list(text: str) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=4,
-                   help="ranks of the CPU world (ignored under torchrun, which sets it); default 4")
+                   help="ranks of the CPU or emulated world (torchrun sets its own); default 4")
+    p.add_argument("--mode", choices=["auto", "cpu", "emulated"], default="auto",
+                   help="auto: torchrun if launched by it, else emulated ranks on a GPU if "
+                        "one is visible, else a CPU world; cpu/emulated force that world")
     p.add_argument("--backends", default=None,
                    help="comma-separated backend names; default every registered one")
     p.add_argument("--m", type=int_list, default=None,
@@ -148,6 +152,8 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
         elif not r["correct"]:
             print(f"WRONG {r['backend']} M={r['M']}: rel rms {r['rel_rms_err']:.2e}, identical on "
                   f"ranks: {r['identical_on_ranks']} -- not timed")
+    if hdr.get("baseline"):
+        print(f"note: {hdr['baseline']}; every figure is 1 GPU, {hdr['W']} emulated ranks.")
     if hdr["world"] == "cpu-shm":
         print("note: CPU timings are perf_counter medians; CPU ranks share two cores, so "
               "overlap is not expected here. Contention needs GPU streams.")
@@ -181,13 +187,39 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
     return (hdr, records) if world.rank == 0 else None
 
 
+def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    from backends.world import emulated_worlds
+    from emulated_measure import measure_emulated
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    hdr = header("gpu-emulated", f"1 GPU, {args.world} emulated ranks over PCIe", args.world,
+                 torch.cuda.get_device_name(device))
+    hdr["baseline"] = "serial = GEMM then the same backend's unsliced AR (no vendor collective)"
+    print_header(hdr)
+    probe_world = emulated_worlds(args.world, device)[0]
+    todo = cases(args, "gpu")
+    records = []
+    for i, case in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {case.backend} M={case.rows} S={case.slices} ...",
+              file=sys.stderr, flush=True)
+        reason = gate_reason(case.backend, probe_world)
+        records.append({"backend": case.backend, "M": case.rows, "slices": case.slices,
+                        "correct": None, "skipped": reason} if reason is not None
+                       else measure_emulated(case, args.world, device))
+    return hdr, records
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if "LOCAL_RANK" in os.environ and torch.cuda.is_available():
+    if "LOCAL_RANK" in os.environ and torch.cuda.is_available() and args.mode == "auto":
         result = run_torchrun(args)
         if result is None:
             return 0
         hdr, records = result
+    elif args.mode == "emulated" or (args.mode == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise SystemExit("--mode emulated needs a CUDA/ROCm GPU; none is visible")
+        hdr, records = run_emulated(args)
     else:
         hdr, records = run_cpu(args)
     finish(args, hdr, records)

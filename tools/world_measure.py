@@ -9,6 +9,7 @@ float64 partial product, summed over ranks by a float64 all-reduce.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -44,24 +45,20 @@ def shard(world: World, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def timed_ms(world: World, fn, reps: int, warmup: int) -> list[float]:
-    """Per-call times of ``fn()`` in ms, each call started after a barrier."""
-    gpu = world.device.type == "cuda"
-    for _ in range(warmup):
-        fn()
+    """Per-call times of ``fn(i)`` in ms, each call started after a barrier."""
+    if world.device.type == "cuda":
+        import gpu_timing
+
+        # The barrier runs before the start event is recorded: it is not timed.
+        return gpu_timing.event_times(fn, reps, warmup, before=world.memory.barrier)
+    for i in range(warmup):
+        fn(i)
     samples = []
-    for _ in range(reps):
+    for i in range(reps):
         world.memory.barrier()
-        if gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        fn(i)
+        samples.append((time.perf_counter() - t0) * 1e3)
     return samples
 
 
@@ -95,23 +92,24 @@ def measure(world: World, case: Case) -> dict:
         return record  # a wrong backend is reported as wrong, not timed
 
     y = torch.empty_like(out)
+    ar_out = torch.empty_like(out)
     ar_in = torch.empty_like(out)
     if backend.peer_visible_input:
         backend.ensure_capacity(case.rows, case.cols, out.dtype)
         ar_in = backend.input_view(case.rows, case.cols, out.dtype)
     ar_in.copy_(out)
 
-    def gemm():
+    def gemm(i):
         torch.mm(x, w.t(), out=y)
 
-    def serial():
+    def serial(i):
         forward(stock, x, w, None, case.producer)
 
-    def ovl():
+    def ovl(i):
         forward(rt, x, w, None, case.producer)
 
-    def ar():
-        backend.all_reduce(ar_in, y)
+    def ar(i):
+        backend.all_reduce(ar_in, ar_out)
 
     times = {}
     for key, fn in (("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)):
@@ -121,6 +119,15 @@ def measure(world: World, case: Case) -> dict:
     record["speedup"] = metrics.speedup(times["serial"], times["ovl"])
     record["hidden"] = metrics.hidden_fraction(times["gemm"], times["ar"], times["ovl"])
     record["contention"] = None  # needs concurrent streams: measured on GPUs only
+    if world.device.type == "cuda":
+        import gpu_timing
+
+        side_calls = max(2, math.ceil(times["gemm"] / times["ar"]) + 2)
+        world.memory.barrier()
+        concurrent, _ = metrics.median_and_spread(
+            gpu_timing.concurrent_times(gemm, ar, side_calls, case.reps, case.warmup))
+        record["t_gemm_concurrent_ms"] = concurrent
+        record["contention"] = metrics.contention(concurrent, times["gemm"])
     record["bus_gbs"] = metrics.bus_bandwidth_gbs(record["wire_bytes"], times["ar"])
     rt.close()
     stock.close()

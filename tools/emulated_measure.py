@@ -1,0 +1,128 @@
+"""One (backend, M, slices) measurement with W emulated ranks on one GPU (DESIGN 3.4).
+
+Every rank's peer-visible buffers sit in pinned host memory, so every cross-rank byte
+crosses PCIe, as on a PCIe multi-GPU box. Two phases:
+
+1. Verify with all W ranks, each on its own stream: the op's result on every rank
+   against a float64 sum of the W partial products; same bits on every rank.
+2. Time ONE active rank against W-1 passive peers whose payloads and flags are already
+   in host memory (``Backend.fill_passive_peers``): one GPU has one host link where W
+   real ranks would have W, so running W active ranks would time a link W-way shared.
+
+The serial baseline here is GEMM then this backend's unsliced AR (there is no vendor
+collective between emulated ranks); every figure is labelled "1 GPU, W emulated ranks".
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import gpu_timing
+import metrics
+import overlap
+from backends.world import emulated_worlds
+from overlap.config import OverlapSettings
+from overlap.op import forward
+from world_measure import Case
+
+
+def shards(case: Case, size: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for rank in range(size):
+        g = torch.Generator().manual_seed(case.seed * 7919 + rank)
+        x = torch.randn(case.rows, case.k, generator=g).to(torch.bfloat16)
+        w = (torch.randn(case.cols, case.k, generator=g) / case.k ** 0.5).to(torch.bfloat16)
+        out.append((x.to(device), w.to(device)))
+    return out
+
+
+def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
+    """Leave NaN in the block the op's next ``torch.empty`` of this shape will likely get,
+    so an element the backend forgot to write shows up as NaN, not as an old result."""
+    torch.full(shape, float("nan"), dtype=torch.bfloat16, device=device)
+
+
+def verify(case: Case, size: int, device: torch.device) -> dict:
+    worlds = emulated_worlds(size, device)
+    settings = OverlapSettings(True, case.backend, 1, case.slices)
+    runtimes = [overlap.build(w, settings) for w in worlds]
+    data = shards(case, size, device)
+    ref = sum(x.double() @ w.double().t() for x, w in data)
+    streams = [torch.cuda.Stream(device) for _ in range(size)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream(device))
+    outs = []
+    poison_allocator((case.rows, case.cols), device)
+    for rt, (x, w), s in zip(runtimes, data, streams):
+        with torch.cuda.stream(s):
+            outs.append(forward(rt, x, w, None, case.producer))
+    for s in streams:
+        torch.cuda.current_stream(device).wait_stream(s)
+    torch.cuda.synchronize(device)
+    errs = [metrics.errors(o, ref) for o in outs]
+    rel = max(e[0] for e in errs)
+    backend = runtimes[0].backend
+    record = {"rel_rms_err": rel, "max_abs_err": max(e[1] for e in errs),
+              "identical_on_ranks": all(torch.equal(o, outs[0]) for o in outs),
+              "finite": all(bool(torch.isfinite(o).all()) for o in outs)}
+    record["correct"] = bool(rel <= backend.rel_rms_bound and record["identical_on_ranks"]
+                             and record["finite"])
+    for rt in runtimes:
+        rt.close()
+    return record
+
+
+def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
+    """Verify with W active ranks, then time one active rank (see module doc)."""
+    record = {"backend": case.backend, "world": "gpu-emulated", "W": size, "M": case.rows,
+              "N": case.cols, "K": case.k, "slices": case.slices, "emulated": True,
+              "baseline": "GEMM then this backend's unsliced AR"}
+    record.update(verify(case, size, device))
+    if not record["correct"]:
+        return record
+    world = emulated_worlds(size, device)[0]
+    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices))
+    serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1))
+    backend = rt.backend
+    x, w = shards(case, 1, device)[0]
+    xs = [x] + [x.clone() for _ in range(gpu_timing.copies_for(x) - 1)]
+    y = torch.empty(case.rows, case.cols, dtype=torch.bfloat16, device=device)
+    for r in (rt, serial_rt):
+        r.backend.ensure_capacity(case.rows, case.cols, y.dtype)
+        r.backend.fill_passive_peers()
+    ar_in = (backend.input_view(case.rows, case.cols, y.dtype) if backend.peer_visible_input
+             else torch.randn_like(y))
+    ar_out = torch.empty_like(y)
+
+    def gemm(i):
+        torch.mm(xs[i % len(xs)], w.t(), out=y)
+
+    def ar(i):
+        backend.all_reduce(ar_in, ar_out)
+
+    def ovl(i):
+        forward(rt, xs[i % len(xs)], w, None, case.producer)
+
+    def serial(i):
+        forward(serial_rt, xs[i % len(xs)], w, None, case.producer)
+
+    times = {}
+    for key, fn in (("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)):
+        med, spread = gpu_timing.median_ms(gpu_timing.event_times(fn, case.reps, case.warmup))
+        times[key] = med
+        record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
+    side_calls = max(2, math.ceil(times["gemm"] / times["ar"]) + 2)
+    concurrent, _ = gpu_timing.median_ms(
+        gpu_timing.concurrent_times(gemm, ar, side_calls, case.reps, case.warmup))
+    record["t_gemm_concurrent_ms"] = concurrent
+    record["contention"] = metrics.contention(concurrent, times["gemm"])
+    record["speedup"] = metrics.speedup(times["serial"], times["ovl"])
+    record["hidden"] = metrics.hidden_fraction(times["gemm"], times["ar"], times["ovl"])
+    record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
+    record["bus_gbs"] = metrics.bus_bandwidth_gbs(record["wire_bytes"], times["ar"])
+    record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting
+    rt.close()
+    serial_rt.close()
+    return record

@@ -1,0 +1,69 @@
+"""GPU timing primitives shared by the measurement modes: events, L2 rotation, contention.
+
+Every time is a median of device-event times over ``reps`` calls after ``warmup``;
+inputs rotate among enough copies that the set exceeds the L2 several times (the
+H200's L2 is 60 MB), so no call reads what the previous one left in cache.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+import metrics
+
+ROTATE_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
+
+
+def copies_for(t: torch.Tensor) -> int:
+    """How many copies of ``t`` rotate beyond the L2."""
+    return max(2, math.ceil(ROTATE_BYTES / max(1, t.numel() * t.element_size())))
+
+
+def event_times(fn: Callable[[int], None], reps: int, warmup: int,
+                before: Callable[[], None] | None = None) -> list[float]:
+    """Device time in ms of ``fn(i)`` for i = 0..reps-1, each call synchronized alone;
+    ``before()`` (e.g. a barrier across ranks) runs untimed ahead of every timed call."""
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    samples = []
+    for i in range(reps):
+        if before is not None:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return samples
+
+
+def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], None],
+                     side_calls: int, reps: int, warmup: int) -> list[float]:
+    """Device time of ``main_fn(i)`` while ``side_calls`` calls of ``side_fn`` run on
+    another stream, started together; the side work is sized to outlast ``main_fn``."""
+    side = torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+    samples = []
+    for i in range(warmup + reps):
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for j in range(side_calls):
+                side_fn(j)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(main)
+        main_fn(i)
+        end.record(main)
+        main.wait_stream(side)
+        torch.cuda.synchronize()
+        if i >= warmup:
+            samples.append(start.elapsed_time(end))
+    return samples
+
+
+def median_ms(samples: list[float]) -> tuple[float, float]:
+    return metrics.median_and_spread(samples)
