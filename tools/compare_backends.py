@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="folder for compare.json/.csv/.png (default results/)")
     p.add_argument("--json", default=None, help="JSON path (default OUT_DIR/compare.json)")
     p.add_argument("--no-png", action="store_true", help="skip the PNG (no matplotlib needed)")
+    p.add_argument("--probe-ctas", type=int_list, default=[8, 16, 32, 64],
+                   help="GPU only: spinning-CTA counts K of the spin-footprint probe")
+    p.add_argument("--no-probe", action="store_true", help="skip the spin-footprint probe")
     args = p.parse_args(argv)
     if args.world < 1:
         p.error(f"--world {args.world}: expected >= 1")
@@ -182,6 +185,7 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
     hdr = header(world.kind, world.label, world.size, torch.cuda.get_device_name(local))
     if world.rank == 0:
         print_header(hdr)
+        run_probe(args, hdr)
     records = [run_case(world, case) for case in cases(args, "gpu")]
     dist.destroy_process_group()
     return (hdr, records) if world.rank == 0 else None
@@ -196,6 +200,7 @@ def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
                  torch.cuda.get_device_name(device))
     hdr["baseline"] = "serial = GEMM then the same backend's unsliced AR (no vendor collective)"
     print_header(hdr)
+    run_probe(args, hdr)
     probe_world = emulated_worlds(args.world, device)[0]
     todo = cases(args, "gpu")
     records = []
@@ -207,6 +212,28 @@ def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
                         "correct": None, "skipped": reason} if reason is not None
                        else measure_emulated(case, args.world, device))
     return hdr, records
+
+
+def run_probe(args: argparse.Namespace, hdr: dict) -> None:
+    """GPU: the spin-footprint curve on the largest GEMM of the run (into the header)."""
+    if args.no_probe:
+        return
+    import gpu_timing
+    import spin_probe
+
+    base = cases(args, "gpu")[0]
+    rows = max(c.rows for c in cases(args, "gpu"))
+    x = torch.randn(rows, base.k, device="cuda").to(torch.bfloat16)
+    w = torch.randn(base.cols, base.k, device="cuda").to(torch.bfloat16)
+    xs = [x] + [torch.randn_like(x) for _ in range(gpu_timing.copies_for(x) - 1)]
+    y = torch.empty(rows, base.cols, dtype=torch.bfloat16, device="cuda")
+
+    def gemm(i):
+        torch.mm(xs[i % len(xs)], w.t(), out=y)
+
+    curve = spin_probe.spin_footprint(gemm, args.probe_ctas, base.reps, base.warmup)
+    hdr["spin_footprint"] = {"M": rows, "N": base.cols, "K": base.k, "curve": curve}
+    print(spin_probe.format_curve(curve), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,17 +25,7 @@ import overlap
 from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
 from overlap.op import forward
-from world_measure import Case
-
-
-def shards(case: Case, size: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    out = []
-    for rank in range(size):
-        g = torch.Generator().manual_seed(case.seed * 7919 + rank)
-        x = torch.randn(case.rows, case.k, generator=g).to(torch.bfloat16)
-        w = (torch.randn(case.cols, case.k, generator=g) / case.k ** 0.5).to(torch.bfloat16)
-        out.append((x.to(device), w.to(device)))
-    return out
+from world_measure import Case, shard
 
 
 def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
@@ -48,7 +38,7 @@ def verify(case: Case, size: int, device: torch.device) -> dict:
     worlds = emulated_worlds(size, device)
     settings = OverlapSettings(True, case.backend, 1, case.slices)
     runtimes = [overlap.build(w, settings) for w in worlds]
-    data = shards(case, size, device)
+    data = [shard(case, rank, device) for rank in range(size)]
     ref = sum(x.double() @ w.double().t() for x, w in data)
     streams = [torch.cuda.Stream(device) for _ in range(size)]
     for s in streams:
@@ -86,7 +76,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices))
     serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1))
     backend = rt.backend
-    x, w = shards(case, 1, device)[0]
+    x, w = shard(case, 0, device)
     xs = [x] + [x.clone() for _ in range(gpu_timing.copies_for(x) - 1)]
     y = torch.empty(case.rows, case.cols, dtype=torch.bfloat16, device=device)
     for r in (rt, serial_rt):

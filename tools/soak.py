@@ -38,6 +38,9 @@ def memory_state(rt) -> tuple[int, int]:
 def soak_job(world, backend: str, calls: int, seconds: float, max_m: int, cols: int, k: int,
              min_m: int, slices: int, seed: int) -> dict:
     """Collective. Runs until ``calls`` calls or ``seconds`` elapsed (rank 0 decides)."""
+    reason = backends.get(backend).unsupported_reason(world)
+    if reason is not None:
+        return {"backend": backend, "skipped": reason}
     rt = overlap.build(world, OverlapSettings(True, backend, min_m, slices))
     gen = torch.Generator().manual_seed(seed)  # same M sequence on every rank
     wgen = torch.Generator().manual_seed(seed * 31 + world.rank)
@@ -97,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             r = pool.run(soak_job, name, args.calls, args.seconds, args.max_m, args.n, args.k,
                          args.min_m, args.slices, seed=1, timeout_s=args.seconds + 120)[0]
+            if "skipped" in r:
+                print(f"{name:>14}: skipped: {r['skipped']}")
+                continue
             flat = r["scratch_after_warmup"] == r["scratch_final"]
             print(f"{name:>14}: {r['calls']} calls, {r['calls'] / r['seconds']:.0f} calls/s, "
                   f"{len(r['mismatches'])} mismatches, memory flat after warm-up: {flat} "

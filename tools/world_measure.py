@@ -37,11 +37,12 @@ class Case:
     producer: str = "bf16"
 
 
-def shard(world: World, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(case.seed * 7919 + world.rank)
+def shard(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s activation and weight shard, the same wherever it is built."""
+    g = torch.Generator().manual_seed(case.seed * 7919 + rank)
     x = torch.randn(case.rows, case.k, generator=g).to(torch.bfloat16)
     w = (torch.randn(case.cols, case.k, generator=g) / case.k ** 0.5).to(torch.bfloat16)
-    return x.to(world.device), w.to(world.device)
+    return x.to(device), w.to(device)
 
 
 def timed_ms(world: World, fn, reps: int, warmup: int) -> list[float]:
@@ -71,7 +72,7 @@ def measure(world: World, case: Case) -> dict:
     settings = OverlapSettings(True, case.backend, 1, case.slices)
     rt = overlap.build(world, settings)
     stock = overlap.build(world, OverlapSettings(True, "stock", 1, 1))
-    x, w = shard(world, case)
+    x, w = shard(case, world.rank, world.device)
     partial = x.double() @ w.double().t()
     dist.all_reduce(partial, group=world.group)
     out = forward(rt, x, w, None, case.producer)
