@@ -79,6 +79,14 @@ def memops() -> dict:
     return res
 
 
+def cu_free() -> list[dict]:
+    out = []
+    for r in cu_free_check.standard_checks(DEV):
+        print(r, flush=True)
+        out.append(vars(r))
+    return out
+
+
 def _median_ms(fn, reps: int = 10) -> float:
     times = []
     for _ in range(reps + 2):
@@ -109,6 +117,7 @@ def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
                         "pulled_MiB": round(pulled / 2**20, 1),
                         "pull_GBps": round(pulled / ms / 1e6, 1),
                         "wire_bytes": be.wire_bytes(rows * cols, size)})
+            print(out[-1], flush=True)
     # contention: GEMM alone vs beside the one-shot W=4 transport on another stream
     a = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(cols, k, device=DEV, dtype=torch.bfloat16)
@@ -130,6 +139,7 @@ def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
     torch.cuda.synchronize()
     out.append({"gemm_alone_ms": round(alone, 3), "gemm_beside_transport_ms": round(beside, 3),
                 "contention": round(beside / alone, 3)})
+    print(out[-1], flush=True)
     return out
 
 
@@ -138,14 +148,18 @@ def main() -> int:
     ap.add_argument("--json", help="write all results here")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name(DEV)}; mode: 1 GPU, W emulated ranks over PCIe")
-    report = {"memops": memops()}
-    print("memops:", report["memops"])
-    report["cu_free"] = [vars(r) for r in cu_free_check.standard_checks(DEV)]
-    for r in report["cu_free"]:
-        print(cu_free_check.CuFreeResult(**r))
-    report["timing"] = timing()
-    for row in report["timing"]:
-        print(row)
+    report: dict = {}
+    for name, section in (("memops", memops), ("cu_free", cu_free), ("timing", timing)):
+        try:
+            report[name] = section()
+        except Exception as e:  # noqa: BLE001 -- report and go on to the next section
+            report[name] = f"FAILED: {type(e).__name__}: {e}"
+            print(f"{name}: {report[name]}", flush=True)
+        if name == "memops":
+            print("memops:", report[name], flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -1,0 +1,261 @@
+"""The no-compute-unit copy layer: DMA copies and stream memory operations, per platform.
+
+Every operation is enqueued on a caller-given stream handle (an int: ``cudaStream_t`` /
+``hipStream_t``, 0 on the CPU), never synchronizes the host, and checks the error code
+of every call. One function per platform and operation:
+
+================  =====================================  ===================================
+platform          copy                                   signal (write / wait, no kernel)
+================  =====================================  ===================================
+NVIDIA (cuda)     ``cudaMemcpyAsync`` (kind Default: UVA  ``cuStreamWriteValue32`` /
+                  picks H2D / D2H / P2P; copy engines)    ``cuStreamWaitValue32`` GEQ (cyclic)
+ROCm (hip)        ``hipMemcpyAsync`` kind                 ``hipStreamWriteValue64`` /
+                  ``hipMemcpyDeviceToDeviceNoCU`` (1024)  ``hipStreamWaitValue64`` Gte
+                  for same-device views of peer memory;
+                  ``hipMemcpyPeerAsync`` across devices;
+                  kind Default for host memory
+CPU               ``Tensor.copy_``                        (host spin: see backends.signals)
+================  =====================================  ===================================
+
+Why these calls (prior-art notes): a same-device D2D ``hipMemcpy`` is a blit kernel on
+CUs unless its kind is NoCU; H2D/D2H copies from pinned memory ran on the H200's copy
+engines at 55 GB/s while every SM was held; a stream wait-value is executed by the
+GPU's front end, so a stream waits for a peer's flag without any spinning kernel.
+
+The bindings are imported at the first call, so this module imports everywhere; a
+missing package raises :class:`BindingsMissing` naming the pip package to install
+(``cuda-python`` for NVIDIA, ``hip-python`` for ROCm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+MASK64 = 0xFFFFFFFFFFFFFFFF
+#: hipMemcpyKind value of hipMemcpyDeviceToDeviceNoCU (hip_runtime_api.h)
+HIP_D2D_NO_CU = 1024
+
+PIP_PACKAGE = {"cuda": "cuda-python", "hip": "hip-python"}
+
+
+class BindingsMissing(RuntimeError):
+    """The Python bindings of the GPU runtime are not installed (message names the package)."""
+
+
+class CopyEngineError(RuntimeError):
+    """A runtime call of the copy layer returned an error code."""
+
+
+def platform(device: torch.device) -> str:
+    """``"cpu"``, ``"cuda"`` (NVIDIA) or ``"hip"`` (ROCm torch also says ``cuda``)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        return "hip" if getattr(torch.version, "hip", None) else "cuda"
+    raise ValueError(f"copy_engine: device type {device.type!r}: expected cpu or cuda")
+
+
+# --------------------------------------------------------------------------- NVIDIA
+
+def _cuda() -> tuple[Any, Any]:
+    try:
+        from cuda.bindings import driver, runtime
+    except ImportError as e:
+        raise BindingsMissing(
+            "the sdma copy layer on NVIDIA needs the CUDA Python bindings: "
+            f"pip install cuda-python (import failed: {e})") from None
+    return driver, runtime
+
+
+def _cuda_ok(result: tuple, call: str) -> tuple:
+    err = result[0]
+    if int(err) != 0:
+        name = getattr(err, "name", str(err))
+        raise CopyEngineError(f"{call} failed: {name} ({int(err)})")
+    return result[1:]
+
+
+def cuda_copy(dst_ptr: int, src_ptr: int, nbytes: int, stream: int) -> None:
+    """``cudaMemcpyAsync`` of ``nbytes``; kind Default lets UVA pick H2D / D2H / P2P."""
+    _, runtime = _cuda()
+    _cuda_ok(runtime.cudaMemcpyAsync(dst_ptr, src_ptr, nbytes,
+                                     runtime.cudaMemcpyKind.cudaMemcpyDefault, stream),
+             f"cudaMemcpyAsync({nbytes} B)")
+
+
+def cuda_write_value(stream: int, addr: int, value: int) -> None:
+    """``*addr = value`` (low 32 bits) once all earlier work of ``stream`` is done.
+
+    The default flag keeps the memory barrier: earlier writes of the stream (the copy
+    that published a slice) are visible before the flag.
+    """
+    driver, _ = _cuda()
+    _cuda_ok(driver.cuStreamWriteValue32(
+        stream, addr, value & MASK32,
+        driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue32")
+
+
+def cuda_wait_value_geq(stream: int, addr: int, value: int) -> None:
+    """Later work of ``stream`` waits until ``(int32)(*addr - value) >= 0`` (cyclic GEQ)."""
+    driver, _ = _cuda()
+    _cuda_ok(driver.cuStreamWaitValue32(
+        stream, addr, value & MASK32,
+        driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue32")
+
+
+def cuda_device_pointer(host_ptr: int) -> int:
+    """The device address of pinned host memory (equal to ``host_ptr`` under UVA)."""
+    _, runtime = _cuda()
+    (dev_ptr,) = _cuda_ok(runtime.cudaHostGetDevicePointer(host_ptr, 0),
+                          "cudaHostGetDevicePointer")
+    return int(dev_ptr)
+
+
+# --------------------------------------------------------------------------- ROCm
+
+def _hip() -> Any:
+    try:
+        from hip import hip
+    except ImportError as e:
+        raise BindingsMissing(
+            "the sdma copy layer on ROCm needs the ROCm Python bindings: "
+            f"pip install hip-python (import failed: {e})") from None
+    return hip
+
+
+def _hip_ok(call: str, fn: Any, *args: Any) -> tuple:
+    try:
+        result = fn(*args)
+    except RuntimeError as e:  # hip-python raises when libamdhip64 cannot be loaded
+        raise CopyEngineError(f"{call}: the HIP runtime could not be used: {e}") from None
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        name = getattr(err, "name", str(err))
+        raise CopyEngineError(f"{call} failed: {name} ({int(err)})")
+    return result[1:] if isinstance(result, tuple) else ()
+
+
+def hip_copy(dst_ptr: int, src_ptr: int, nbytes: int, stream: int, *, no_cu: bool) -> None:
+    """``hipMemcpyAsync``: kind NoCU (same-device views of peer memory) or Default (host)."""
+    hip = _hip()
+    kind = (hip.hipMemcpyKind.hipMemcpyDeviceToDeviceNoCU if no_cu
+            else hip.hipMemcpyKind.hipMemcpyDefault)
+    _hip_ok(f"hipMemcpyAsync({nbytes} B, {kind.name})", hip.hipMemcpyAsync,
+            dst_ptr, src_ptr, nbytes, kind, stream)
+
+
+def hip_peer_copy(dst_ptr: int, dst_device: int, src_ptr: int, src_device: int, nbytes: int,
+                  stream: int) -> None:
+    """``hipMemcpyPeerAsync`` between two devices (SDMA above ROC_P2P_SDMA_SIZE, 1 MiB)."""
+    hip = _hip()
+    _hip_ok(f"hipMemcpyPeerAsync({nbytes} B, {src_device}->{dst_device})",
+            hip.hipMemcpyPeerAsync, dst_ptr, dst_device, src_ptr, src_device, nbytes, stream)
+
+
+def hip_write_value(stream: int, addr: int, value: int) -> None:
+    """``*addr = value`` (64-bit) after all earlier work of ``stream``."""
+    hip = _hip()
+    _hip_ok("hipStreamWriteValue64", hip.hipStreamWriteValue64, stream, addr, value & MASK64, 0)
+
+
+def hip_wait_value_geq(stream: int, addr: int, value: int) -> None:
+    """Later work of ``stream`` waits until ``*addr >= value`` (64-bit: never wraps)."""
+    hip = _hip()
+    _hip_ok("hipStreamWaitValue64", hip.hipStreamWaitValue64, stream, addr, value & MASK64,
+            int(hip.hipStreamWaitValueGte), MASK64)
+
+
+# --------------------------------------------------------------------------- CPU
+
+def cpu_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """A plain copy (CPU worlds: shared-memory files; nothing to offload)."""
+    dst.copy_(src)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+def bindings_reason(device: torch.device) -> str | None:
+    """``None`` if the copy layer can run on ``device``, else why not (names the package)."""
+    plat = platform(device)
+    if plat == "cpu":
+        return None
+    try:
+        _cuda() if plat == "cuda" else _hip()
+    except BindingsMissing as e:
+        return str(e)
+    return None
+
+
+def _as_bytes(t: torch.Tensor, label: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"copy: {label} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError(f"copy: {label} must be contiguous")
+    return t.reshape(-1).view(torch.uint8)
+
+
+class CopyEngine:
+    """Copies and stream memory operations for one device (see the module doc)."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.platform = platform(self.device)
+        reason = bindings_reason(self.device)
+        if reason is not None:
+            raise BindingsMissing(reason)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> int:
+        """Enqueue ``dst[:] = src`` (same byte count) on ``stream``; returns bytes moved."""
+        d, s = _as_bytes(dst, "dst"), _as_bytes(src, "src")
+        if d.numel() != s.numel():
+            raise ValueError(f"copy: dst has {d.numel()} B but src has {s.numel()} B")
+        nbytes = d.numel()
+        if nbytes == 0:
+            return 0
+        if self.platform == "cpu":
+            cpu_copy(d, s)
+        elif self.platform == "cuda":
+            cuda_copy(d.data_ptr(), s.data_ptr(), nbytes, stream)
+        elif dst.is_cuda and src.is_cuda and dst.device != src.device:
+            hip_peer_copy(d.data_ptr(), dst.device.index, s.data_ptr(), src.device.index,
+                          nbytes, stream)
+        else:
+            # Both on this device (peer memory mapped here, e.g. symmetric memory's
+            # get_buffer views): NoCU, else the runtime runs a blit kernel on CUs.
+            # Host memory involved: Default, which ROCm runs on SDMA unless HSA_ENABLE_SDMA=0.
+            hip_copy(d.data_ptr(), s.data_ptr(), nbytes, stream,
+                     no_cu=dst.is_cuda and src.is_cuda)
+        return nbytes
+
+    def write_value(self, stream: int, addr: int, value: int) -> None:
+        """Enqueue a flag write on ``stream`` (GPU only)."""
+        if self.platform == "cuda":
+            cuda_write_value(stream, addr, value)
+        elif self.platform == "hip":
+            hip_write_value(stream, addr, value)
+        else:
+            raise TypeError("write_value: CPU worlds signal from the host (backends.signals)")
+
+    def wait_value_geq(self, stream: int, addr: int, value: int) -> None:
+        """Enqueue a wait on ``stream`` until the flag at ``addr`` reaches ``value`` (GPU only)."""
+        if self.platform == "cuda":
+            cuda_wait_value_geq(stream, addr, value)
+        elif self.platform == "hip":
+            hip_wait_value_geq(stream, addr, value)
+        else:
+            raise TypeError("wait_value_geq: CPU worlds wait on the host (backends.signals)")
+
+    def device_address(self, t: torch.Tensor) -> int:
+        """The address a stream operation on this device uses for ``t`` (pinned host too)."""
+        if t.is_cuda or self.platform != "cuda":
+            # HIP maps pinned host memory at the same address (hipHostMalloc is portable).
+            return t.data_ptr()
+        # Ask for the allocation's base (an interior pointer is not a registered range).
+        base = t.untyped_storage().data_ptr()
+        return cuda_device_pointer(base) + (t.data_ptr() - base)

@@ -1,0 +1,411 @@
+"""``sdma``: all-reduce by DMA copies (no compute units while waiting) + one local reduce.
+
+Each rank's slice sits in its peer-visible buffer ``pub`` (the GEMM writes there through
+``input_view``); peers PULL it with copy-engine copies (:mod:`backends.copy_engine`)
+after a stream wait-value on its ``ready`` flag (:mod:`backends.signals`), then one
+short reduce kernel sums in rank order 0..W-1 with fp32 accumulation, rounded once
+(:mod:`backends.kernels.reduce_sum`): bit-exact and identical on every rank.
+
+Schedules (``RADIANCE_AR_SDMA_SCHEDULE`` or the ``schedule`` argument):
+
+- one-shot: pull the W-1 peer slices into local receive buffers, reduce. Sends
+  (W-1) x slice bytes per rank, one flag round trip.
+- two-shot: rank r pulls shard r (1/W of the slice, flat elements) from every peer,
+  reduces it into ``out`` and publishes it in ``red``; then pulls every peer's reduced
+  shard into ``out``. Sends 2(W-1)/W x slice bytes per rank, two flag round trips.
+- auto: one-shot when W <= 2 (both move the same bytes; one-shot has half the steps)
+  or the slice is under 1 MiB (a DMA op costs ~6 us to dispatch and reaches 52 GB/s
+  only from ~1 MiB per op, mori on MI355X), else two-shot (half the bytes at W = 4).
+
+One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream::
+
+  rank r stream : [fence] publish ready_r=t  wait ready_p>=t  pull p   done_r=t  reduce
+  rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  reduce
+                                    |________________________^
+Buffer reuse (why ``done`` exists). Rank r's NEXT write into the rows of ``pub`` that a
+peer may still be pulling (its next GEMM into ``input_view``, or the next publish /
+staging copy of an overlapping row range) must wait until that peer finished::
+
+  rank r : AR(t) ready_r=t ... done_r=t | input_view: wait done_p>=t | GEMM(t+1) writes pub
+  rank p :    wait ready_r>=t  pull r(t) ---------------> done_p=t  |
+                                 ^ a GEMM(t+1) here without the wait would corrupt p's pull
+
+The fence is a stream wait-value (no host sync); rows of one op call's slices are
+disjoint, so the fence runs once per op call (in ``input_view``) or where a direct
+``all_reduce`` reuses rows (byte ranges are tracked per epoch). Two-shot's ``red`` buffer
+mirrors ``pub``'s layout, and ``done`` is posted after the last pull of either, so the
+same fence covers it. The receive buffers are private and stream-ordered.
+
+Worlds: ``cpu-shm`` (host copies, host spin with a time bound); ``gpu-symm`` (one GPU
+per process; pub/red/flags in symmetric memory); ``gpu-emulated`` (W ranks on one GPU,
+each on its own stream; pub/red/flags in pinned host memory). In the emulated world the
+GEMM writes a private device buffer (a GEMM writing pinned host memory would run at
+PCIe speed and hold its SMs meanwhile) and the publish is a D2H copy on a copy engine;
+pulls are H2D copies, so every cross-rank byte crosses the host link. The emulated
+ranks are driven in program order from one host thread, each on its own stream, so
+rank 0's stream may block on a flag that only a LATER host call of rank 1 posts; any
+implicit device synchronization in between (a first kernel launch that loads a module,
+a cudaFree) deadlocks. Hence: ``ensure_capacity`` loads the reduce kernels, callers
+call ``ensure_capacity`` on every rank before the first ``all_reduce``, and
+``CUDA_DEVICE_MAX_CONNECTIONS`` must exceed the number of streams in play (default 8:
+streams sharing a hardware queue block each other; ROCm: ``GPU_MAX_HW_QUEUES``).
+
+``capture_safe = False``: epochs are host integers passed by value into the wait/write
+operations, so a captured graph would replay stale epochs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends import envs
+from backends.copy_engine import CopyEngine, bindings_reason, platform
+from backends.interface import SUPPORTED_DTYPES, Backend, check_slice, refuse_growth_in_capture
+from backends.peer_memory import typed_view
+from backends.registry import register
+from backends.signals import FLAG_BYTES, CpuSignals, GpuSignals, Signals
+from backends.world import World
+
+SCHEDULES = ("auto", "oneshot", "twoshot")
+AUTO_TWOSHOT_MIN_BYTES = 1 << 20
+SHARD_ALIGN_BYTES = 16  # two-shot shard bounds: 16-byte vectors for the reduce kernel
+MAX_WORLD = 8  # inputs of the reduce kernel
+MAX_PENDING = 64
+
+_KINDS = ("cpu-shm", "gpu-symm", "gpu-emulated", "single")
+
+# (world kind, platform) -> (holds compute units while waiting?, why). False only where
+# the whole transport (waits and copies) is known to run without SMs/CUs.
+_COMPUTE_UNITS = {
+    ("cpu-shm", "cpu"): (False, "CPU world: host copies and a host spin; there is no GPU"),
+    ("single", "cpu"): (False, "one rank: a local copy"),
+    ("single", "cuda"): (False, "one rank: a local copy"),
+    ("single", "hip"): (False, "one rank: a local copy"),
+    ("gpu-emulated", "cuda"): (False, (
+        "waits: cuStreamWaitValue32 (GPU front end, no kernel); copies: D2H/H2D with pinned "
+        "host memory on copy engines. backends.cu_free_check on one H200 (2026-12): the "
+        "whole transport (publish, flags, 3 pulls, 160 MiB) completed with 132/132 SMs held; "
+        "a GEMM 8192x4352x5120 ran 0.500 ms alone, 0.499 ms beside it")),
+    ("gpu-emulated", "hip"): (True, (
+        "not verified on ROCm: H2D/D2H should take SDMA (ROCm CLR code) unless "
+        "HSA_ENABLE_SDMA=0; run backends.cu_free_check on the machine")),
+    ("gpu-symm", "cuda"): (True, (
+        "not verified: pulls are cudaMemcpyAsync on symmetric-memory mappings; a same-device "
+        "D2D cudaMemcpyAsync did NOT progress with every SM held on an H200, and P2P copies "
+        "were never checked here (one GPU); run backends.cu_free_check on a multi-GPU box")),
+    ("gpu-symm", "hip"): (True, (
+        "not verified: hipMemcpyAsync NoCU on mapped peer memory; ROCm 7.x bugs (NoCU ignored "
+        "for P2P before rocm-systems#9100, #11318 unwritten destinations, #11510 gfx90a)")),
+}
+
+
+def auto_schedule(nbytes: int, world_size: int) -> str:
+    """The schedule ``auto`` picks for a slice of ``nbytes`` (rule in the module doc)."""
+    return "twoshot" if world_size > 2 and nbytes >= AUTO_TWOSHOT_MIN_BYTES else "oneshot"
+
+
+def shard_bounds(numel: int, world_size: int, elem_size: int) -> list[int]:
+    """Element bounds of the W two-shot shards of a flat slice (16-byte aligned, balanced)."""
+    unit = max(1, SHARD_ALIGN_BYTES // elem_size)
+    units = -(-numel // unit)
+    return [min(units * k // world_size * unit, numel) for k in range(world_size + 1)]
+
+
+@register("sdma")
+class SdmaBackend(Backend):
+    # Class defaults; each instance refines uses_compute_units_while_waiting for its path
+    # (see _COMPUTE_UNITS and ``compute_unit_note``).
+    uses_compute_units_while_waiting = False
+    capture_safe = False
+    bit_exact = True
+    # One rounding of the fp32 sum: relative error <= 2^-8 (bf16 unit roundoff) per element.
+    rel_rms_bound = 2.0 ** -8
+    peer_visible_input = True
+
+    def __init__(self, world: World, schedule: str | None = None,
+                 spin_timeout_ms: float | None = None):
+        super().__init__(world)
+        self.schedule = envs.get("RADIANCE_AR_SDMA_SCHEDULE") if schedule is None else schedule
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"sdma: schedule {self.schedule!r}, expected one of {SCHEDULES}")
+        timeout = (envs.get("RADIANCE_AR_SPIN_TIMEOUT_MS") if spin_timeout_ms is None
+                   else spin_timeout_ms)
+        if not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"sdma: spin_timeout_ms must be a number > 0, got {timeout!r}")
+        self.platform = platform(world.device)
+        self.uses_compute_units_while_waiting, self.compute_unit_note = _COMPUTE_UNITS[
+            (world.kind, self.platform)]
+        self.emulated = world.kind == "gpu-emulated"
+        self.engine = CopyEngine(world.device) if world.size > 1 else None
+        self.signals: Signals | None = None
+        if world.size > 1:
+            flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
+            self.signals = (CpuSignals(flags, world.rank, world.size, timeout)
+                            if self.platform == "cpu" else
+                            GpuSignals(flags, world.rank, world.size, timeout, self.engine))
+        self.capacity = 0  # bytes of one slice buffer
+        self._pub = self._red = None
+        self._stage: torch.Tensor | None = None  # emulated: the GEMM's device buffer
+        self._recv: torch.Tensor | None = None  # W-1 private receive buffers
+        self._pending: list[tuple[int, int, int]] = []  # (epoch, lo, hi) peers may still read
+        self._warm: set[torch.dtype] = set()  # dtypes whose reduce kernels are loaded
+        #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
+        self.pulled_bytes = 0
+
+    @classmethod
+    def unsupported_reason(cls, world: World) -> str | None:
+        kind = world.kind
+        if kind not in _KINDS:
+            return f"world kind {kind!r} is unknown to sdma (known: {', '.join(_KINDS)})"
+        if world.size > MAX_WORLD:
+            return f"world size {world.size} > {MAX_WORLD}, the reduce kernel's input limit"
+        dev = torch.device(world.device)
+        if kind == "cpu-shm" and dev.type != "cpu":
+            return f"a cpu-shm world on device {dev}"
+        if kind.startswith("gpu") and dev.type != "cuda":
+            return f"a {kind} world needs a CUDA/ROCm device, got {dev}"
+        if dev.type == "cuda" and world.size > 1:
+            if not torch.cuda.is_available():
+                return "no CUDA/ROCm device is visible"
+            return bindings_reason(dev)
+        return None
+
+    # ------------------------------------------------------------------ contract
+
+    def schedule_for(self, nbytes: int) -> str:
+        return (auto_schedule(nbytes, self.world.size) if self.schedule == "auto"
+                else self.schedule)
+
+    def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
+        nbytes = numel * elem_size
+        if world_size < 2:
+            return 0
+        if self.schedule == "oneshot" or (self.schedule == "auto"
+                                          and auto_schedule(nbytes, world_size) == "oneshot"):
+            return (world_size - 1) * nbytes
+        # pulled per rank: (W-1) shards of the reduce-scatter + (W-1) reduced shards;
+        # summed over ranks exactly 2 (W-1) x nbytes whatever the shard rounding.
+        return 2 * (world_size - 1) * nbytes // world_size
+
+    def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+        for label, v in (("max_rows", max_rows), ("cols", cols)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"sdma.ensure_capacity: {label} must be an int >= 1, got {v!r}")
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"sdma.ensure_capacity: dtype {dtype}, expected one of {SUPPORTED_DTYPES}")
+        need = max_rows * cols * torch.tensor([], dtype=dtype).element_size()
+        if dtype not in self._warm and self.world.size > 1 and self.world.device.type == "cuda":
+            from backends.kernels import reduce_sum as kernel
+
+            refuse_growth_in_capture("sdma reduce kernel warm-up", self.world.device)
+            kernel.warm_up(self.world.size, dtype, self.world.device,
+                           with_also=self.world.kind == "gpu-symm")
+            self._warm.add(dtype)
+        if need <= self.capacity:
+            return
+        refuse_growth_in_capture(f"sdma buffers ({need} B per slice buffer)", self.world.device)
+        self._quiesce()
+        # Grow by at least 1.5x so a warm-up of rising M re-allocates O(log M) times; whole
+        # 256-byte units keep every receive slot aligned for 16-byte vector loads.
+        nbytes = -(-max(need, self.capacity * 3 // 2) // 256) * 256
+        self._pub = self._red = self._stage = self._recv = None
+        mem, dev, size = self.world.memory, self.world.device, self.world.size
+        self._pub = mem.allocate("sdma.pub", nbytes)
+        if size > 1 and self.schedule in ("auto", "twoshot"):
+            self._red = mem.allocate("sdma.red", nbytes)
+        if self.emulated:
+            self._stage = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        if size > 1:
+            self._recv = torch.empty((size - 1) * nbytes, dtype=torch.uint8, device=dev)
+        self.capacity = nbytes
+
+    def input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        need = rows * cols * torch.tensor([], dtype=dtype).element_size()
+        if need > self.capacity:
+            raise ValueError(f"sdma.input_view: {rows}x{cols} {dtype} needs {need} B, capacity "
+                             f"is {self.capacity} B: call ensure_capacity first")
+        self._fence(0, self.capacity, self._stream())
+        return typed_view(self._input_base(), rows, cols, dtype)
+
+    def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        check_slice(slice_in, out)
+        if self.world.size == 1:
+            if out.data_ptr() != slice_in.data_ptr():
+                out.copy_(slice_in)
+            return
+        stream = self._stream()
+        t, off, local = self._publish(slice_in, stream)
+        nbytes = slice_in.numel() * slice_in.element_size()
+        if self.schedule_for(nbytes) == "oneshot":
+            ops = self._pull_all(t, off, nbytes, stream)
+            self._reduce([local if q == self.world.rank else ops[q].view(out.dtype)
+                          for q in range(self.world.size)], out.view(-1))
+        else:
+            self._twoshot(t, off, local, out, stream)
+        self._finish(t, off, nbytes, stream)
+
+    def check(self, timeout_ms: float | None = None) -> None:
+        """Host-side bounded wait for every call enqueued so far (GPU); raises naming a
+        missing peer (:meth:`backends.signals.GpuSignals.check`). CPU: waits are inline."""
+        if self.signals is not None:
+            self.signals.check(timeout_ms)
+
+    def close(self) -> None:
+        self._pub = self._red = self._stage = self._recv = None
+        self.capacity = 0
+
+    # ------------------------------------------------------------------ timing helpers
+
+    def exchange_only(self, slice_in: torch.Tensor) -> list[torch.Tensor]:
+        """The transport half of a one-shot call, no reduce: publish, flags, W-1 pulls.
+
+        Returns the received peer slices (uint8, rank order, own slot empty). Used by
+        :mod:`backends.cu_free_check` to prove the transport progresses with every SM held.
+        """
+        if self.world.size == 1:
+            return []
+        stream = self._stream()
+        t, off, _ = self._publish(slice_in, stream)
+        nbytes = slice_in.numel() * slice_in.element_size()
+        ops = self._pull_all(t, off, nbytes, stream)
+        self._finish(t, off, nbytes, stream)
+        return [ops.get(q, slice_in.new_empty(0, dtype=torch.uint8))
+                for q in range(self.world.size)]
+
+    def fill_passive_peers(self, payload: torch.Tensor | None = None, seed: int = 0) -> None:
+        """Timing mode: make every OTHER rank a passive peer that never calls.
+
+        Fills each peer's ``pub`` (and ``red``) with ``payload``'s bytes (repeated), or
+        with normal bf16 values from ``seed`` (never zeros: they can time faster), and
+        raises its flags to :data:`backends.signals.PASSIVE_EPOCH`, so this rank's waits
+        pass at once and its pulls move real bytes. Results are then NOT sums over ranks.
+        Host writes: call after :meth:`ensure_capacity`, before timing, with no call in flight.
+        """
+        if self.capacity == 0:
+            raise ValueError("sdma.fill_passive_peers: call ensure_capacity first")
+        if payload is None:
+            g = torch.Generator().manual_seed(seed)
+            payload = torch.randn(self.capacity // 2, generator=g).to(torch.bfloat16)
+        raw = payload.detach().reshape(-1).contiguous().view(torch.uint8).cpu()
+        if raw.numel() == 0:
+            raise ValueError("sdma.fill_passive_peers: payload is empty")
+        reps = -(-self.capacity // raw.numel())
+        fill = raw.repeat(reps)[:self.capacity]
+        for p in range(self.world.size):
+            if p == self.world.rank:
+                continue
+            for buf in (self._pub, self._red):
+                if buf is not None:
+                    buf.peer(p)[:self.capacity].copy_(fill)
+            self.signals.set_passive(p)
+
+    # ------------------------------------------------------------------ internals
+
+    def _stream(self) -> int:
+        dev = self.world.device
+        return torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+
+    def _input_base(self) -> torch.Tensor:
+        return self._stage if self.emulated else self._pub.local
+
+    def _peer_order(self) -> list[int]:
+        # Start with the next rank so that the W ranks do not all pull from rank 0 first.
+        r, w = self.world.rank, self.world.size
+        return [(r + k) % w for k in range(1, w)]
+
+    def _publish(self, slice_in: torch.Tensor, stream: int) -> tuple[int, int, torch.Tensor]:
+        """Epoch, byte offset of the slice in ``pub``, and the local operand (flat, typed)."""
+        nbytes = slice_in.numel() * slice_in.element_size()
+        if nbytes > self.capacity:
+            raise ValueError(f"sdma.all_reduce: slice of {nbytes} B exceeds the capacity of "
+                             f"{self.capacity} B: call ensure_capacity first")
+        base = self._input_base()
+        off = slice_in.data_ptr() - base.data_ptr()
+        inside = slice_in.device == base.device and 0 <= off and off + nbytes <= self.capacity
+        if inside and off % slice_in.element_size():
+            raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
+        off = off if inside else 0  # outside: staged at offset 0 (every rank alike)
+        t = self.signals.next_epoch()
+        self._fence(off, off + nbytes, stream)
+        mine = self._pub.local[off:off + nbytes]
+        if not inside or self.emulated:
+            self.engine.copy(mine, slice_in, stream)  # staging copy / emulated D2H publish
+        self.signals.post("ready", t, stream)
+        return t, off, slice_in.reshape(-1)
+
+    def _pull(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> None:
+        self.pulled_bytes += self.engine.copy(dst, src, stream)
+
+    def _recv_slot(self, peer: int, nbytes: int) -> torch.Tensor:
+        k = (peer - self.world.rank - 1) % self.world.size  # 0..W-2
+        return self._recv[k * self.capacity:k * self.capacity + nbytes]
+
+    def _pull_all(self, t: int, off: int, nbytes: int, stream: int) -> dict[int, torch.Tensor]:
+        got = {}
+        for p in self._peer_order():
+            self.signals.wait(p, "ready", t, stream, "sdma one-shot all_reduce")
+            got[p] = self._recv_slot(p, nbytes)
+            self._pull(got[p], self._pub.peer(p)[off:off + nbytes], stream)
+        self.signals.post("done", t, stream)
+        return got
+
+    def _twoshot(self, t: int, off: int, local: torch.Tensor, out: torch.Tensor,
+                 stream: int) -> None:
+        r, e = self.world.rank, out.element_size()
+        bounds = shard_bounds(out.numel(), self.world.size, e)
+        lo, hi = bounds[r], bounds[r + 1]
+        what = "sdma two-shot all_reduce"
+        ops = {}
+        for p in self._peer_order():
+            self.signals.wait(p, "ready", t, stream, what)
+            ops[p] = self._recv_slot(p, (hi - lo) * e)
+            self._pull(ops[p], self._pub.peer(p)[off + lo * e:off + hi * e], stream)
+        flat = out.view(-1)
+        mine = self._red.local[off + lo * e:off + hi * e].view(out.dtype)
+        operands = [local[lo:hi] if q == r else ops[q].view(out.dtype)
+                    for q in range(self.world.size)]
+        if self.world.kind == "gpu-symm":
+            # red is this GPU's memory: the kernel writes it too (no same-device D2D copy).
+            self._reduce(operands, flat[lo:hi], also=mine)
+        else:
+            self._reduce(operands, flat[lo:hi])
+            self.engine.copy(mine, flat[lo:hi], stream)  # host copy / emulated D2H publish
+        self.signals.post("reduced", t, stream)
+        for p in self._peer_order():
+            self.signals.wait(p, "reduced", t, stream, what)
+            a, b = bounds[p], bounds[p + 1]
+            self._pull(flat[a:b], self._red.peer(p)[off + a * e:off + b * e], stream)
+        self.signals.post("done", t, stream)
+
+    def _reduce(self, operands: list[torch.Tensor], out: torch.Tensor,
+                also: torch.Tensor | None = None) -> None:
+        if out.numel() == 0:
+            return
+        from backends.kernels import reduce_sum as kernel
+
+        (kernel.reduce_sum if out.is_cuda else kernel.reference_reduce_sum)(operands, out, also)
+
+    def _fence(self, lo: int, hi: int, stream: int) -> None:
+        """Order ``stream`` after every peer read of bytes [lo, hi) still in flight."""
+        if self.signals is None:
+            return
+        hits = [ep for ep, a, b in self._pending if a < hi and lo < b]
+        if len(self._pending) > MAX_PENDING:
+            hits.append(self._pending[-1][0])
+        if not hits:
+            return
+        epoch = max(hits)
+        for p in self._peer_order():
+            self.signals.wait(p, "done", epoch, stream, "the reuse fence (peer still reading)")
+        self._pending = [x for x in self._pending if x[0] > epoch]
+
+    def _finish(self, t: int, off: int, nbytes: int, stream: int) -> None:
+        self._pending.append((t, off, off + nbytes))
+        self.signals.end_call(stream)
+
+    def _quiesce(self) -> None:
+        """Before buffers are replaced: every peer read done, every enqueued call finished."""
+        if self.signals is None or not self._pending:
+            return
+        self._fence(0, self.capacity, self._stream())
+        self.check()

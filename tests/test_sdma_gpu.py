@@ -1,0 +1,162 @@
+"""The sdma backend on one GPU: W emulated ranks (each its own stream, buffers and flags
+in pinned host memory), the Triton reduce, the bounded missing-peer check, and the proof
+that the transport progresses with every SM held."""
+
+import os
+import random
+import time
+
+# Every emulated rank blocks its own stream on wait-value ops; streams that share one of
+# the driver's hardware queues would block each other (default 8 queues).
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import overlap  # noqa: E402
+import sdma_jobs as jobs  # noqa: E402
+from backends.sdma import SdmaBackend  # noqa: E402
+from backends.signals import PeerTimeoutError  # noqa: E402
+from backends.world import emulated_worlds  # noqa: E402
+from overlap.config import OverlapSettings  # noqa: E402
+from overlap.slicing import slice_bounds  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda", 0)
+DT = torch.bfloat16
+
+
+@pytest.fixture
+def release():
+    """Backends appended here get every flag raised after the test, so that a failed test
+    never leaves a stream blocked on a wait-value (the process could not exit)."""
+    made = []
+    yield made
+    for be in made:
+        if be.signals is not None:
+            for p in range(be.world.size):
+                be.signals.set_passive(p)
+    torch.cuda.synchronize()
+
+
+def _shapes(seed, count):
+    plan = random.Random(seed)
+    fixed = [(1, 8), (5, 24), (64, 520), (300, 1024)]
+    return fixed + [(plan.randint(1, 96), plan.choice([8, 40, 256])) for _ in range(count)]
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("schedule", ["oneshot", "twoshot"])
+def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, release):
+    bes = [SdmaBackend(w, schedule=schedule) for w in emulated_worlds(size, DEV)]
+    release.extend(bes)
+    streams = [torch.cuda.Stream(DEV) for _ in bes]
+    plan = random.Random(size)
+    for call, (rows, cols) in enumerate(_shapes(size * 10 + len(schedule), 50)):
+        slices, staged = plan.randint(1, 4), plan.random() < 0.25
+        xs = [jobs.make_input(7, call, r, rows, cols).to(DEV) for r in range(size)]
+        outs = [torch.full((rows, cols), float("nan"), dtype=DT, device=DEV) for _ in bes]
+        torch.cuda.synchronize()
+        before = [be.pulled_bytes for be in bes]
+        for r, be in enumerate(bes):  # every rank sized before any stream can block
+            with torch.cuda.stream(streams[r]):
+                be.ensure_capacity(rows, cols, DT)
+        for r, be in enumerate(bes):
+            with torch.cuda.stream(streams[r]):
+                src = xs[r] if staged else be.input_view(rows, cols, DT)
+                if not staged:
+                    src.copy_(xs[r])
+                bounds = slice_bounds(rows, slices)
+                for a, b in zip(bounds[:-1], bounds[1:]):
+                    be.all_reduce(src[a:b], outs[r][a:b])
+        for be in bes:
+            be.check(5000)
+        torch.cuda.synchronize()
+        ref = jobs.bits(jobs.reference(7, call, size, rows, cols))
+        for r in range(size):
+            assert torch.equal(jobs.bits(outs[r].cpu()), ref), (call, rows, cols, r, slices, staged)
+        pulled = [be.pulled_bytes - b0 for be, b0 in zip(bes, before)]
+        nbytes = [(b - a) * cols * 2 for a, b in zip(bounds[:-1], bounds[1:])]
+        per_slice = (size - 1) * size if schedule == "oneshot" else 2 * (size - 1)
+        assert sum(pulled) == per_slice * sum(nbytes)
+
+
+@pytest.mark.parametrize("size,schedule", [(2, "oneshot"), (4, "twoshot")])
+def test_emulated_ranks_through_the_op(size, schedule, monkeypatch, release):
+    monkeypatch.setenv("RADIANCE_AR_SDMA_SCHEDULE", schedule)
+    rows, cols, k, seed = 257, 384, 512, 3
+    ref = jobs.op_reference(seed, size, rows, cols, k)
+    worlds = emulated_worlds(size, DEV)
+    streams = [torch.cuda.Stream(DEV) for _ in worlds]
+    inputs = []
+    for r in range(size):
+        g = torch.Generator().manual_seed(seed * 100 + r)
+        x = torch.randn(rows, k, generator=g).to(DT)
+        w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
+        inputs.append((x.to(DEV), w.to(DEV)))
+    for s in (1, 2, 3, 4, 7):
+        rts = [overlap.build(wd, OverlapSettings(True, "sdma", 1, s)) for wd in worlds]
+        for r, rt in enumerate(rts):
+            release.append(rt.backend)
+            with torch.cuda.stream(streams[r]):
+                rt.backend.ensure_capacity(rows, cols, DT)
+        for _ in range(2):
+            outs = []
+            for r, rt in enumerate(rts):
+                with torch.cuda.stream(streams[r]):
+                    outs.append(overlap.forward(rt, *inputs[r], None, "bf16"))
+            for rt in rts:
+                rt.backend.check(5000)
+            torch.cuda.synchronize()
+            for r, out in enumerate(outs):
+                err = float((out.double().cpu() - ref).norm() / ref.norm())
+                assert err < 2 ** -7, (s, r, err)
+                assert torch.equal(jobs.bits(out.cpu()), jobs.bits(outs[0].cpu()))
+        for rt in rts:
+            rt.close()
+
+
+def test_missing_peer_is_reported_and_the_gpu_released(release):
+    bes = [SdmaBackend(w, schedule="oneshot", spin_timeout_ms=300) for w in
+           emulated_worlds(2, DEV)]
+    release.extend(bes)
+    for be in bes:
+        be.ensure_capacity(8, 64, DT)
+    x = torch.randn(8, 64, device=DEV).to(DT)
+    out = torch.empty_like(x)
+    stream = torch.cuda.Stream(DEV)
+    with torch.cuda.stream(stream):
+        bes[0].all_reduce(x, out)  # rank 1 never calls
+    start = time.monotonic()
+    with pytest.raises(PeerTimeoutError, match="peer rank 1 did not post flag 'ready'.*released"):
+        bes[0].check()
+    assert time.monotonic() - start < 1.5
+    stream.synchronize()  # released: returns
+
+
+def test_triton_reduce_on_the_gpu_is_bit_exact_with_two_outputs():
+    from backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
+
+    for w in (1, 2, 3, 8):
+        xs = [(torch.randn(100_003) * 64).to(DT) for _ in range(w)]
+        ref = torch.empty(100_003, dtype=DT)
+        reference_reduce_sum(xs, ref)
+        out = torch.full((100_003,), float("nan"), dtype=DT, device=DEV)
+        also = torch.full_like(out, float("nan"))
+        reduce_sum([x.to(DEV) for x in xs], out, also)
+        torch.cuda.synchronize()
+        assert torch.equal(jobs.bits(out.cpu()), jobs.bits(ref))
+        assert torch.equal(jobs.bits(also.cpu()), jobs.bits(ref))
+
+
+def test_transport_needs_no_compute_units():
+    from backends import cu_free_check
+
+    results = {r.label.split(" (")[0]: r for r in cu_free_check.standard_checks(DEV)}
+    for r in results.values():
+        print(r)
+    for label in ("H2D copy", "D2H copy", "sdma transport"):
+        assert results[label].completed, str(results[label])
+        assert results[label].sms_held == results[label].sms, str(results[label])
+    be = SdmaBackend(emulated_worlds(2, DEV)[0])
+    assert be.uses_compute_units_while_waiting is False, be.compute_unit_note

@@ -1,0 +1,200 @@
+"""Parts of the sdma backend without a world: the reduce kernel (Triton interpreter),
+the copy layer's bindings (argument building, missing packages), flags and gates."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends import copy_engine
+from backends.copy_engine import BindingsMissing, CopyEngineError
+from backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
+from backends.peer_memory import PeerBuffer
+from backends.sdma import SdmaBackend
+from backends.signals import PASSIVE_EPOCH, CpuSignals, PeerTimeoutError
+from backends.world import World
+
+ROOT = Path(__file__).resolve().parents[1]
+
+INTERPRETER_SCRIPT = r"""
+import torch
+from backends.kernels.reduce_sum import BLOCK, reduce_sum
+torch.manual_seed(0)
+# The interpreter rounds fp32 -> bf16 by truncation, so bf16 inputs are summed into an
+# fp32 output here (the bf16 store is checked on the GPU).
+cases = [(torch.float32, torch.float32), (torch.float16, torch.float16),
+         (torch.bfloat16, torch.float32)]
+for n in (1, 37, BLOCK * 8, BLOCK * 8 + 37):  # aligned (fast) and generic kernels;
+    # the last two need several grid-stride steps with ctas=4
+    for w in (1, 2, 3, 5, 8):
+        for din, dout in cases:
+            xs = [(torch.randn(n) * 2.0 ** torch.randint(-8, 9, (n,))).to(din) for _ in range(w)]
+            out = torch.full((n,), float("nan"), dtype=dout)
+            also = torch.full((n,), float("nan"), dtype=dout)
+            reduce_sum(xs, out, also, ctas=4)
+            acc = xs[0].to(torch.float32)
+            for x in xs[1:]:
+                acc = acc + x.to(torch.float32)
+            want = acc.to(dout)
+            assert torch.equal(out, want) and torch.equal(also, want), (n, w, din, dout)
+print("interpreter-ok")
+"""
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_reduce_kernel_under_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "interpreter-ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_reference_reduce_is_fp32_in_rank_order_rounded_once():
+    a = torch.tensor([1.0, 2.0 ** 24], dtype=torch.float32)
+    b = torch.tensor([2.0 ** -24, 1.0], dtype=torch.float32)
+    c = torch.tensor([-1.0, -(2.0 ** 24)], dtype=torch.float32)
+    out = torch.empty(2)
+    reference_reduce_sum([a, b, c], out)
+    assert out.tolist() == [0.0, 0.0]  # ((1 + 2^-24) - 1) in fp32 is 0; order matters
+    xs = [torch.randn(64).to(torch.bfloat16) for _ in range(3)]
+    o = torch.empty(64, dtype=torch.bfloat16)
+    reference_reduce_sum(xs, o)
+    assert torch.equal(o, (xs[0].float() + xs[1].float() + xs[2].float()).to(torch.bfloat16))
+
+
+def test_reduce_arguments_are_checked():
+    x = torch.zeros(8)
+    with pytest.raises(ValueError, match="1..8"):
+        reduce_sum([x] * 9, torch.zeros(8))
+    with pytest.raises(TypeError, match="inputs\\[1\\] dtype torch.int32"):
+        reduce_sum([x, torch.zeros(8, dtype=torch.int32)], torch.zeros(8))
+    with pytest.raises(ValueError, match="inputs\\[0\\] has 4 elements"):
+        reference_reduce_sum([torch.zeros(4)], torch.zeros(8))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        reference_reduce_sum([torch.zeros(4, 4)], torch.zeros(4, 4).t())
+
+
+class _Err(int):
+    @property
+    def name(self):
+        return "hipSuccess" if self == 0 else "hipErrorInvalidValue"
+
+
+class _Kind:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+
+class FakeHip:
+    """Records calls like hip-python's ``hip`` module; returns ``(hipError_t,)`` tuples."""
+
+    class hipMemcpyKind:
+        hipMemcpyDefault = _Kind("hipMemcpyDefault", 4)
+        hipMemcpyDeviceToDeviceNoCU = _Kind("hipMemcpyDeviceToDeviceNoCU", 1024)
+
+    hipStreamWaitValueGte = 0
+
+    def __init__(self, err=0, raise_load=False):
+        self.calls, self.err, self.raise_load = [], err, raise_load
+
+    def __getattr__(self, name):
+        def call(*args):
+            if self.raise_load:
+                raise RuntimeError("failed to dlopen 'libamdhip64.so'")
+            self.calls.append((name, args))
+            return (_Err(self.err),)
+        return call
+
+
+def test_hip_calls_are_built_against_the_real_api(monkeypatch):
+    fake = FakeHip()
+    monkeypatch.setattr(copy_engine, "_hip", lambda: fake)
+    copy_engine.hip_copy(0x1000, 0x2000, 64, 7, no_cu=True)
+    copy_engine.hip_copy(0x1000, 0x2000, 64, 7, no_cu=False)
+    copy_engine.hip_peer_copy(0x1000, 1, 0x2000, 0, 64, 7)
+    copy_engine.hip_write_value(7, 0x3000, 5)
+    copy_engine.hip_wait_value_geq(7, 0x3000, 5)
+    names = [c[0] for c in fake.calls]
+    assert names == ["hipMemcpyAsync", "hipMemcpyAsync", "hipMemcpyPeerAsync",
+                     "hipStreamWriteValue64", "hipStreamWaitValue64"]
+    assert fake.calls[0][1][3].value == copy_engine.HIP_D2D_NO_CU == 1024
+    assert fake.calls[1][1][3].value == 4
+    assert fake.calls[2][1] == (0x1000, 1, 0x2000, 0, 64, 7)
+    assert fake.calls[3][1] == (7, 0x3000, 5, 0)
+    assert fake.calls[4][1] == (7, 0x3000, 5, 0, copy_engine.MASK64)
+
+
+def test_hip_errors_are_reported(monkeypatch):
+    monkeypatch.setattr(copy_engine, "_hip", lambda: FakeHip(err=1))
+    with pytest.raises(CopyEngineError, match="hipMemcpyPeerAsync.*hipErrorInvalidValue \\(1\\)"):
+        copy_engine.hip_peer_copy(1, 1, 2, 0, 8, 0)
+    monkeypatch.setattr(copy_engine, "_hip", lambda: FakeHip(raise_load=True))
+    with pytest.raises(CopyEngineError, match="HIP runtime could not be used.*libamdhip64"):
+        copy_engine.hip_write_value(0, 1, 1)
+
+
+def test_missing_bindings_name_the_pip_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    monkeypatch.setitem(sys.modules, "hip", None)
+    with pytest.raises(BindingsMissing, match="pip install cuda-python"):
+        copy_engine.cuda_copy(0, 0, 8, 0)
+    with pytest.raises(BindingsMissing, match="pip install hip-python"):
+        copy_engine.hip_copy(0, 0, 8, 0, no_cu=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    world = World(0, 2, torch.device("cuda", 0), _Mem("gpu-emulated"))
+    reason = SdmaBackend.unsupported_reason(world)
+    assert reason is not None and ("cuda-python" in reason or "hip-python" in reason)
+    with pytest.raises(ValueError, match="cannot run here.*pip install"):
+        SdmaBackend(world)
+
+
+class _Mem:
+    def __init__(self, kind):
+        self.kind = kind
+
+
+def test_gates():
+    cpu = torch.device("cpu")
+    assert SdmaBackend.unsupported_reason(World(0, 2, cpu, _Mem("cpu-shm"))) is None
+    assert SdmaBackend.unsupported_reason(World(0, 1, cpu, _Mem("single"))) is None
+    assert "unknown to sdma" in SdmaBackend.unsupported_reason(World(0, 2, cpu, _Mem("tcp")))
+    assert "input limit" in SdmaBackend.unsupported_reason(World(0, 9, cpu, _Mem("cpu-shm")))
+    assert "needs a CUDA/ROCm device" in SdmaBackend.unsupported_reason(
+        World(0, 2, cpu, _Mem("gpu-symm")))
+
+
+def test_cpu_copy_counts_bytes():
+    eng = copy_engine.CopyEngine(torch.device("cpu"))
+    src, dst = torch.arange(12, dtype=torch.int16), torch.zeros(24, dtype=torch.uint8)
+    assert eng.copy(dst, src, 0) == 24 and torch.equal(dst.view(torch.int16), src)
+    with pytest.raises(ValueError, match="dst has 24 B but src has 8 B"):
+        eng.copy(dst, torch.zeros(8, dtype=torch.uint8), 0)
+
+
+def _signals(rank, timeout_ms=150.0, size=2):
+    peers = [torch.zeros(64, dtype=torch.uint8) for _ in range(size)]
+    return CpuSignals(PeerBuffer("flags", 64, rank, peers), rank, size, timeout_ms), peers
+
+
+def test_flags_epochs_and_the_bounded_spin():
+    s0, peers = _signals(0)
+    s1 = CpuSignals(PeerBuffer("flags", 64, 1, peers), 1, 2, 150.0)
+    s1.post("ready", s1.next_epoch())
+    s0.wait(1, "ready", 1, 0, "test")  # posted: returns at once
+    start = time.monotonic()
+    with pytest.raises(PeerTimeoutError, match="peer rank 1 did not post flag 'done'.*epoch\\) 1"):
+        s0.wait(1, "done", 1, 0, "test")
+    assert 0.14 < time.monotonic() - start < 1.0
+    with pytest.raises(PeerTimeoutError, match="'ready' for call \\(epoch\\) 2"):
+        s0.wait(1, "ready", 2, 0, "test")  # epoch 1's flag is stale for call 2
+    s0.set_passive(1)
+    s0.wait(1, "reduced", PASSIVE_EPOCH, 0, "test")
+    assert s0.peer_value(1, "done") == PASSIVE_EPOCH
+    with pytest.raises(ValueError, match="slot 'go'"):
+        s0.post("go", 1)
