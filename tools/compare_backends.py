@@ -21,7 +21,13 @@ import os
 import platform
 import sys
 
-import torch
+# W emulated ranks each own a stream that may park on a stream wait-value; with the
+# default 8 hardware connections, streams sharing one queue block each other (seen on
+# the H200 while building sdma). Must be set before CUDA initializes; ROCm's equivalent
+# is GPU_MAX_HW_QUEUES.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

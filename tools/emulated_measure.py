@@ -40,6 +40,12 @@ def verify(case: Case, size: int, device: torch.device) -> dict:
     runtimes = [overlap.build(w, settings) for w in worlds]
     data = [shard(case, rank, device) for rank in range(size)]
     ref = sum(x.double() @ w.double().t() for x, w in data)
+    # Grow (and load every kernel) on every rank before any rank's stream can block on a
+    # peer's flag: a first kernel load synchronizes the device, which would wait forever
+    # on a stream parked behind a flag the not-yet-issued peer has not posted.
+    for rt in runtimes:
+        rt.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
+    torch.cuda.synchronize(device)
     streams = [torch.cuda.Stream(device) for _ in range(size)]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream(device))
