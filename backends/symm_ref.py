@@ -38,6 +38,9 @@ class _SymmMemAllReduce(Backend):
         if world.kind != "gpu-symm":
             return (f"torch symmetric-memory all-reduce needs one GPU per process under "
                     f"torchrun; this world is {world.label}")
+        if world.size < 2:
+            # torch raises "Not implemented for world_size=1" (seen with torch 2.11, H200)
+            return "torch symmetric-memory all-reduce needs world size >= 2"
         return None
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:

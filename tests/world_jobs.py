@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 import overlap
-from backends.interface import Backend, check_slice
+from backends.interface import Backend, check_slice, refuse_growth_in_capture
 from backends.peer_memory import typed_view
 from backends.world import World
 from overlap.config import OverlapSettings
@@ -50,6 +50,7 @@ class PeerSumBackend(Backend):
     def ensure_capacity(self, max_rows, cols, dtype):
         nbytes = max_rows * cols * torch.tensor([], dtype=dtype).element_size()
         if self.buffer is None or self.buffer.nbytes < nbytes:
+            refuse_growth_in_capture("test_peer_sum buffer", self.world.device)
             self.buffer = self.world.memory.allocate("test_peer_sum", nbytes)
         self.cols, self.dtype = cols, dtype
 

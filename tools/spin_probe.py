@@ -1,9 +1,13 @@
-"""The spin-footprint probe: GEMM slowdown while K CTAs spin on a flag (K = 0, 8, ...).
+"""The spin-footprint probe: GEMM slowdown while K CTAs spin (K = 0, 8, 16, ...).
 
 This is the curve that explains the seed's negative result: a spin-wait all-reduce
 holds its CTAs while it waits for a peer, and every held CTA is one the GEMM it was
 meant to hide under cannot use. The spinners (:mod:`backends.kernels.spin_hold`) read a
-pinned host flag in a loop; the host releases them once the timed GEMM has finished.
+pinned host flag that is never raised, and leave after a calibrated number of reads
+that lasts as long as the GEMM alone: the model is an all-reduce that waits for its
+peer throughout one GEMM. (Releasing them from the host only after the GEMM ends
+measures something else: cuBLAS's persistent Hopper kernels then wait for the held SMs
+until the spin bound expires -- seen on the H200 as 7.6x at K=16 and 30x at K=32.)
 """
 
 from __future__ import annotations
@@ -15,30 +19,45 @@ import torch
 
 import metrics
 
-# Each spin iteration is one read of host memory (~1 us over PCIe): 2e6 bounds a spinner
-# whose host died to a few seconds.
-MAX_SPIN_ITERS = 2_000_000
+CALIBRATION_ITERS = 2000
 START_TIMEOUT_S = 5.0
 
 
-def gemm_with_spinners_ms(gemm: Callable[[int], None], ctas: int, reps: int, warmup: int) -> list[float]:
-    """Device times of ``gemm(i)`` while ``ctas`` spinning CTAs hold their SMs."""
+def spin_iters_for(ms: float, ctas: int, flag: torch.Tensor, started: torch.Tensor) -> int:
+    """Spin iterations that last about ``ms`` with ``ctas`` spinners (each iteration is a
+    read of pinned host memory, so its cost depends on the PCIe round trip and on K)."""
     from backends.kernels import spin_hold
 
-    flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        spin_hold.launch(flag, started[:ctas], CALIBRATION_ITERS)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    per_iter_ms = min(times) / CALIBRATION_ITERS
+    return max(1, round(ms / per_iter_ms))
+
+
+def gemm_with_spinners_ms(gemm: Callable[[int], None], ctas: int, spin_ms: float, reps: int,
+                          warmup: int) -> list[float]:
+    """Device times of ``gemm(i)`` while ``ctas`` CTAs spin for about ``spin_ms``."""
+    from backends.kernels import spin_hold
+
+    flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # never raised
     started = torch.zeros(max(ctas, 1), dtype=torch.int32, pin_memory=True)
+    iters = spin_iters_for(spin_ms, ctas, flag, started) if ctas else 0
     side = torch.cuda.Stream()
     samples = []
     for i in range(warmup + reps):
-        flag.zero_()
         started.zero_()
         if ctas:
             with torch.cuda.stream(side):
-                spin_hold.launch(flag, started[:ctas], MAX_SPIN_ITERS)
+                spin_hold.launch(flag, started[:ctas], iters)
             deadline = time.monotonic() + START_TIMEOUT_S
             while int((started[:ctas] != 0).sum()) < ctas:
                 if time.monotonic() > deadline:
-                    flag.fill_(1)
                     torch.cuda.synchronize()
                     raise RuntimeError(f"spin probe: only {int((started != 0).sum())} of {ctas} "
                                        f"spinning CTAs became resident within {START_TIMEOUT_S} s")
@@ -46,8 +65,6 @@ def gemm_with_spinners_ms(gemm: Callable[[int], None], ctas: int, reps: int, war
         start.record()
         gemm(i)
         end.record()
-        end.synchronize()
-        flag.fill_(1)
         torch.cuda.synchronize()
         if i >= warmup:
             samples.append(start.elapsed_time(end))
@@ -57,11 +74,11 @@ def gemm_with_spinners_ms(gemm: Callable[[int], None], ctas: int, reps: int, war
 def spin_footprint(gemm: Callable[[int], None], ctas_list: list[int], reps: int,
                    warmup: int) -> list[dict]:
     """``[{"ctas": K, "t_gemm_ms": ..., "slowdown": ...}]``, slowdown vs K = 0."""
-    rows = []
-    base = None
-    for ctas in [0] + [c for c in ctas_list if c > 0]:
-        med, spread = metrics.median_and_spread(gemm_with_spinners_ms(gemm, ctas, reps, warmup))
-        base = med if ctas == 0 else base
+    base, spread = metrics.median_and_spread(gemm_with_spinners_ms(gemm, 0, 0.0, reps, warmup))
+    rows = [{"ctas": 0, "t_gemm_ms": base, "spread_ms": spread, "slowdown": 1.0}]
+    for ctas in [c for c in ctas_list if c > 0]:
+        med, spread = metrics.median_and_spread(
+            gemm_with_spinners_ms(gemm, ctas, base, reps, warmup))
         rows.append({"ctas": ctas, "t_gemm_ms": med, "spread_ms": spread,
                      "slowdown": metrics.contention(med, base)})
     return rows
