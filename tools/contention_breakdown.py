@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Which part of an all-reduce slows a concurrent GEMM? One GPU, emulated ranks.
+
+    python tools/contention_breakdown.py --world 4 --m 8192
+
+Times a bf16 GEMM alone and while each of these runs back to back on another stream:
+a D2H copy and an H2D copy of the slice (copy engines), the Triton fp32 reduce of W
+device inputs, and each backend's whole all-reduce (one active rank, passive peers).
+A part with ratio ~1.00 takes nothing from the GEMM; the first part above it is where
+the contention of the whole comes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # see compare_backends.py
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import backends  # noqa: E402
+import gpu_timing  # noqa: E402
+from backends.copy_engine import CopyEngine  # noqa: E402
+from backends.world import emulated_worlds  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world", type=int, default=4, help="emulated ranks (default 4)")
+    p.add_argument("--m", type=int, default=8192, help="rows (default 8192)")
+    p.add_argument("--n", type=int, default=5120, help="columns (default 5120)")
+    p.add_argument("--k", type=int, default=4352, help="GEMM inner dimension (default 4352)")
+    p.add_argument("--backends", default="sdma", help="comma-separated backends (default sdma)")
+    p.add_argument("--reps", type=int, default=20, help="timed repeats (default 20)")
+    args = p.parse_args(argv)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(args.m, args.k, device=dev).to(torch.bfloat16)
+    w = torch.randn(args.n, args.k, device=dev).to(torch.bfloat16)
+    y = torch.empty(args.m, args.n, device=dev, dtype=torch.bfloat16)
+    slice_dev = torch.randn_like(y)
+    slice_host = torch.empty(y.shape, dtype=y.dtype, pin_memory=True)
+    inputs = [torch.randn_like(y) for _ in range(args.world)]
+    engine = CopyEngine(dev)
+
+    def gemm(i):
+        torch.mm(x, w.t(), out=y)
+
+    def d2h(i):
+        engine.copy(slice_host, slice_dev, torch.cuda.current_stream().cuda_stream)
+
+    def h2d(i):
+        engine.copy(slice_dev, slice_host, torch.cuda.current_stream().cuda_stream)
+
+    def reduce(i):
+        from backends.kernels.reduce_sum import reduce_sum
+
+        reduce_sum(inputs, slice_dev)
+
+    parts = [("D2H copy", d2h), ("H2D copy", h2d), (f"reduce of {args.world}", reduce)]
+    for name in args.backends.split(","):
+        world = emulated_worlds(args.world, dev)[0]
+        ar = backends.get(name)(world)
+        ar.ensure_capacity(args.m, args.n, torch.bfloat16)
+        ar.fill_passive_peers()
+        ar_in = (ar.input_view(args.m, args.n, torch.bfloat16) if ar.peer_visible_input
+                 else slice_dev)
+        parts.append((f"{name} all-reduce", lambda i, ar=ar, ar_in=ar_in: ar.all_reduce(ar_in, y)))
+    alone, _ = gpu_timing.median_ms(gpu_timing.event_times(gemm, args.reps, 3))
+    print(f"1 GPU, {args.world} emulated ranks; GEMM {args.m}x{args.k}x{args.n} alone {alone:.3f} ms")
+    for name, fn in parts:
+        t_part, _ = gpu_timing.median_ms(gpu_timing.event_times(fn, 5, 2))
+        calls = max(2, math.ceil(alone / t_part) + 2)
+        with_part, _ = gpu_timing.median_ms(
+            gpu_timing.concurrent_times(gemm, fn, calls, args.reps, 3))
+        print(f"{name:>22}: {t_part:7.3f} ms alone; GEMM beside it {with_part:.3f} ms "
+              f"({with_part / alone:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
