@@ -1,0 +1,210 @@
+"""Route vLLM's RowParallel linears through ``radiance::linear_ar`` (DESIGN 3.3, "vLLM installer").
+
+:func:`install` walks a loaded vLLM model and, for every eligible ``RowParallelLinear``,
+replaces the layer's forward with one call of the op and sets ``reduce_results`` False:
+the op owns the all-reduce on both of its paths (sliced at M >= MIN_M, stock below),
+so the layer must not reduce a second time. Every other layer is left exactly as vLLM
+built it, and the report says why. :func:`eligibility` decides, from duck-typed
+attributes only, so the selection is testable without vLLM.
+
+Enabling the op changes the graph torch.compile traces (vLLM's all-reduce node becomes
+our op), so vLLM's compile cache must be keyed on the flag: see
+:mod:`overlap.vllm_plugin`, which adds it to the factors vLLM hashes.
+
+vLLM is imported lazily: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+import overlap.op  # noqa: F401 -- registers torch.ops.radiance.linear_ar
+from overlap.config import OverlapSettings, from_env
+
+#: a child of vLLM's logger: inside vLLM its lines carry vLLM's format and level
+#: (VLLM_LOGGING_LEVEL); without vLLM it is an ordinary logger
+logger = logging.getLogger("vllm.radiance_ar")
+
+#: vLLM linear methods whose ``layer.weight`` a producer reads as it is, by class name
+#: (exact names: a subclass may change what ``apply`` computes)
+PRODUCERS_BY_QUANT_METHOD = {"UnquantizedLinearMethod": "bf16"}
+WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: set on a routed layer: the producer its forward passes to the op
+ROUTED_ATTR = "radiance_ar_producer"
+#: what eligibility reads; a layer without one of these is not a RowParallelLinear
+#: (a quantized layer has no ``weight``: its quant method keeps qweight, scales, ...)
+REQUIRED_ATTRS = ("bias", "reduce_results", "quant_method", "return_bias")
+
+ALREADY_ROUTED = "already routed through radiance::linear_ar"
+TP_ONE = "tensor-parallel size 1: no all-reduce to hide"
+HAS_BIAS = "has a bias: bias after the reduction stays vLLM's own contract"
+NO_REDUCE = "reduce_results is False: the model reduces this output elsewhere"
+SPLITS_INPUT = "input_is_parallel is False: the layer splits its own input"
+LORA = ("LoRA is enabled: vLLM's LoRA wrappers run the base layer's GEMM and "
+        "all-reduce themselves, bypassing its forward")
+
+
+def producer_for(quant_method: Any) -> str | None:
+    """The producer that computes this vLLM linear method's GEMM, or None if none does."""
+    return PRODUCERS_BY_QUANT_METHOD.get(type(quant_method).__name__)
+
+
+def eligibility(layer: Any, tp_size: int) -> str | None:
+    """None if ``layer`` (a RowParallelLinear) can be routed at TP size ``tp_size``, else why not.
+
+    Reads only attributes (see ``REQUIRED_ATTRS``; ``tp_size``, ``input_is_parallel`` and
+    ``weight`` are optional), so stand-in objects work as well as vLLM's own layers.
+    """
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ValueError(f"eligibility: tp_size must be an integer >= 1, got {tp_size!r}")
+    missing = [a for a in REQUIRED_ATTRS if not hasattr(layer, a)]
+    if missing:
+        raise TypeError(f"eligibility: {type(layer).__name__} has no attribute(s) "
+                        f"{', '.join(missing)}; expected a vLLM RowParallelLinear")
+    if hasattr(layer, ROUTED_ATTR):
+        return ALREADY_ROUTED
+    # A layer built with disable_tp has its own tp_size of 1 inside a TP > 1 model.
+    if tp_size == 1 or getattr(layer, "tp_size", tp_size) == 1:
+        return TP_ONE
+    if layer.bias is not None:
+        return HAS_BIAS
+    if not layer.reduce_results:
+        return NO_REDUCE
+    if not getattr(layer, "input_is_parallel", True):
+        return SPLITS_INPUT
+    if producer_for(layer.quant_method) is None:
+        known = ", ".join(sorted(PRODUCERS_BY_QUANT_METHOD))
+        return (f"quant method {type(layer.quant_method).__name__} has no radiance-ar "
+                f"producer (known: {known})")
+    weight = getattr(layer, "weight", None)
+    if (not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.numel() == 0
+            or weight.dtype not in WEIGHT_DTYPES or weight.is_meta):
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
+        dtype = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
+        return (f"weight is not a plain 2-D (N, K) bf16/fp16/fp32 tensor (shape {shape}, "
+                f"{dtype}), e.g. repacked by the platform's GEMM dispatch")
+    return None
+
+
+def _routed_forward(self: Any, input_: torch.Tensor) -> Any:
+    # The stock RowParallelLinear.forward (vllm/model_executor/layers/linear.py) returns
+    # ``output`` or ``(output, output_bias)``; a routed layer has no bias, so output_bias
+    # is None, as stock's ``self.bias if self.skip_bias_add else None`` is.
+    x2d = input_.reshape(-1, input_.shape[-1]).contiguous()
+    out = torch.ops.radiance.linear_ar(x2d, self.weight, None, getattr(self, ROUTED_ATTR))
+    out = out.reshape(*input_.shape[:-1], out.shape[-1])
+    return (out, None) if self.return_bias else out
+
+
+def route(layer: Any, producer: str) -> None:
+    """Make ``layer``'s forward one ``radiance::linear_ar`` call; the op owns the reduction."""
+    setattr(layer, ROUTED_ATTR, producer)
+    layer.reduce_results = False
+    layer.forward = types.MethodType(_routed_forward, layer)
+
+
+@dataclass
+class InstallReport:
+    settings: OverlapSettings
+    tp_size: int = 0
+    routed: list[str] = field(default_factory=list)  # routed by this call
+    already: list[str] = field(default_factory=list)  # routed by an earlier call
+    left: dict[str, list[str]] = field(default_factory=dict)  # reason -> layer names
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    def summary(self) -> str:
+        s = self.settings
+        if not s.enabled:
+            return "radiance-ar: RADIANCE_AR_OVERLAP=0, every RowParallel linear left stock"
+        total = len(self.routed) + len(self.already) + sum(map(len, self.left.values()))
+        head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
+                f"through radiance::linear_ar (backend {s.backend}, tp {self.tp_size}, "
+                f"slices {s.slices}, min_m {s.min_m})")
+        if self.already:
+            head += f"; {len(self.already)} were routed already"
+        parts = [head]
+        for reason, names in sorted(self.left.items(), key=lambda kv: -len(kv[1])):
+            parts.append(f"left stock: {len(names)} ({reason}), e.g. {names[0]}")
+        return "; ".join(parts)
+
+
+def plan(layers: Iterable[tuple[str, Any]], tp_size: int,
+         report: InstallReport) -> list[tuple[str, Any, str]]:
+    """(name, layer, producer) for every eligible layer; the rest go into ``report``."""
+    chosen = []
+    for name, layer in layers:
+        reason = eligibility(layer, tp_size)
+        if reason is None:
+            chosen.append((name, layer, producer_for(layer.quant_method)))
+        elif reason == ALREADY_ROUTED:
+            report.already.append(name)
+        else:
+            report.left.setdefault(reason, []).append(name)
+    return chosen
+
+
+_configured: tuple[Any, OverlapSettings] | None = None
+
+
+def _configure_on_tp_group(settings: OverlapSettings) -> None:
+    """Collective over vLLM's TP group, once per process: the op's runtime on that group."""
+    global _configured
+    from vllm.distributed import get_tp_group
+
+    from backends.world import from_process_group
+    from overlap.runtime import configure
+
+    tp = get_tp_group()
+    if _configured is not None and _configured[0] is tp and _configured[1] == settings:
+        return
+    device = torch.device(tp.device)
+    # NCCL/RCCL for GPU ranks (symmetric memory rendezvous); gloo for CPU ranks.
+    group = tp.device_group if device.type == "cuda" else tp.cpu_group
+    configure(from_process_group(group, device, vllm_tp=True), settings)
+    _configured = (tp, settings)
+
+
+def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
+            vllm_config: Any = None) -> InstallReport:
+    """Route every eligible vLLM RowParallelLinear of ``model`` through the overlap op.
+
+    Does nothing when RADIANCE_AR_OVERLAP is 0. Otherwise collective over vLLM's TP
+    group (every TP rank loads the same model and calls this): it builds the op's
+    runtime on that group before touching any layer, so a backend that cannot run here
+    stops start-up with the layers unchanged. Idempotent. ``vllm_config`` (optional)
+    lets it see LoRA, whose wrappers bypass the layer's forward.
+    """
+    settings = from_env() if settings is None else settings
+    report = InstallReport(settings)
+    if not settings.enabled:
+        logger.info(report.summary())
+        return report
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size
+        from vllm.model_executor.layers.linear import RowParallelLinear
+    except ImportError as e:
+        raise ImportError("overlap.vllm_install.install: RADIANCE_AR_OVERLAP=1 but vLLM "
+                          f"cannot be imported ({e})") from e
+    report.tp_size = get_tensor_model_parallel_world_size()
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, RowParallelLinear)]
+    if vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None:
+        if layers:
+            report.left[LORA] = [n for n, _ in layers]
+        logger.info(report.summary())
+        return report
+    chosen = plan(layers, report.tp_size, report)
+    if chosen:
+        _configure_on_tp_group(settings)
+    for name, layer, producer in chosen:
+        route(layer, producer)
+        report.routed.append(name)
+    logger.info(report.summary())
+    return report
