@@ -1,0 +1,173 @@
+"""Per-tile math of the wht6 codec as @triton.jit helpers, shared by every kernel that
+reads or writes wht6 payloads (encode, decode, decode_accumulate, and a fused one-shot
+all-reduce that encodes into a peer buffer and decodes peers' payloads in one kernel).
+
+The wire format is specified in ``backends/wht6/__init__.py`` and, operation by
+operation, in ``backends/wht6/reference.py``; these helpers perform the same fp32
+operations in the same order. Launch the kernels with ``enable_fp_fusion=False`` so
+no multiply-add is contracted into an fma the reference does not do.
+
+A tile is T sub-blocks (T a multiple of 8) taken in row-major order over the whole
+tensor: flat sub-block f is row f // subs_per_row, sub-block f % subs_per_row of that
+row. As cols is a multiple of 256, tile rows 8k..8k+7 are exactly one block.
+
+Helpers:
+  subblock_ptrs(base, f0, n_sub, subs_per_row, row_stride, T) -> (ptrs [T, 32], mask [T, 32])
+  payload_ptrs(pay, f0, n_sub, subs_per_row, row_w64, T)
+      -> (nib_ptrs [T, 4] *i32, high_ptrs [T, 2] *i32, rec_ptrs [T//8] *i64, sub_mask [T], blk_mask [T//8])
+  wht32(v, SPLITS, DOT_FP32) -> H32 @ each row of v ([T, 32] fp32), fp32
+  quantize(y, T) -> (nib [T, 4] i32, high [T, 2] i32, rec [T//8] i64)
+  dequantize(nib, high, rec, T) -> [T, 32] fp32 values in the rotated domain
+  load_dequantize(pay, f0, n_sub, subs_per_row, row_w64, T) -> [T, 32] fp32
+"""
+import triton
+import triton.language as tl
+
+FP32_MAX = tl.constexpr(3.4028234663852886e38)
+SCALE_MIN = tl.constexpr(2.0**-100)  # see reference.SCALE_MIN
+BF16_INF_BITS = tl.constexpr(0x7F80)
+BF16_NAN_BITS = tl.constexpr(0x7FC0)
+INV63 = tl.constexpr(1.0 / 63.0)  # rounded to fp32 where used, as in reference.INV63
+
+
+@triton.jit
+def subblock_ptrs(base, f0, n_sub, subs_per_row, row_stride, T: tl.constexpr):
+    """Pointers to T sub-blocks (32 values each) of a row-major tensor, starting at flat
+    sub-block f0, and the mask of those inside the tensor (n_sub sub-blocks in all)."""
+    f = f0 + tl.arange(0, T).to(tl.int64)
+    row = f // subs_per_row
+    col = (f % subs_per_row) * 32
+    offs = row[:, None] * row_stride + col[:, None] + tl.arange(0, 32)[None, :]
+    mask = (f < n_sub)[:, None] & (tl.arange(0, 32) < 32)[None, :]
+    return base + offs, mask
+
+
+@triton.jit
+def payload_ptrs(pay, f0, n_sub, subs_per_row, row_w64, T: tl.constexpr):
+    """Word pointers into a uint8 payload (row stride row_w64 int64 words) for the T
+    sub-blocks from flat sub-block f0: their nibble-plane words, high-plane words, and
+    the int64 records of their T // 8 blocks; plus the masks of those that exist."""
+    f = f0 + tl.arange(0, T).to(tl.int64)
+    row = f // subs_per_row
+    j = f % subs_per_row
+    w32 = pay.to(tl.pointer_type(tl.int32)) + row * (2 * row_w64)
+    nib_ptrs = w32[:, None] + (4 * j)[:, None] + tl.arange(0, 4)[None, :]
+    # The high plane starts at cols / 2 bytes = 4 * subs_per_row words.
+    high_ptrs = w32[:, None] + (4 * subs_per_row + 2 * j)[:, None] + tl.arange(0, 2)[None, :]
+    b = f0 // 8 + tl.arange(0, T // 8).to(tl.int64)
+    blocks_per_row = subs_per_row // 8
+    # The records start at 3 cols / 4 bytes = 3 * subs_per_row int64 words.
+    rec_ptrs = (pay.to(tl.pointer_type(tl.int64)) + (b // blocks_per_row) * row_w64
+                + 3 * subs_per_row + b % blocks_per_row)
+    return nib_ptrs, high_ptrs, rec_ptrs, f < n_sub, b * 8 < n_sub
+
+
+@triton.jit
+def hadamard32(DTYPE: tl.constexpr):
+    """H32[i, j] = (-1)^popcount(i & j), as a [32, 32] tile of DTYPE."""
+    i = tl.arange(0, 32)[:, None]
+    j = tl.arange(0, 32)[None, :]
+    p = i & j
+    p = p ^ (p >> 1)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 4)
+    # Through fp32: the interpreter converts int -> bf16 wrongly.
+    return (1.0 - 2.0 * (p & 1).to(tl.float32)).to(DTYPE)
+
+
+@triton.jit
+def _dot_h(piece, h, acc, DOT_FP32: tl.constexpr):
+    # DOT_FP32 multiplies the (bf16-valued) pieces in fp32: same products, used under the
+    # Triton interpreter, whose bf16 dot is wrong.
+    if DOT_FP32:
+        return tl.dot(piece.to(tl.float32), h.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(piece, h, acc)
+
+
+@triton.jit
+def wht32(v, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
+    """H32 @ each row of v ([T, 32] fp32), on tensor cores: v is split into SPLITS bf16
+    pieces (v = hi + lo + lo2 exactly for SPLITS = 3; 1 suffices for bf16 input, 2 for
+    fp16) whose products with +-1 are exact; the sums accumulate in fp32."""
+    h = hadamard32(tl.bfloat16)
+    hi = v.to(tl.bfloat16)
+    y = _dot_h(hi, h, tl.zeros(v.shape, tl.float32), DOT_FP32)
+    if SPLITS >= 2:
+        rest = v - hi.to(tl.float32)
+        lo = rest.to(tl.bfloat16)
+        y = _dot_h(lo, h, y, DOT_FP32)
+        if SPLITS >= 3:
+            y = _dot_h((rest - lo.to(tl.float32)).to(tl.bfloat16), h, y, DOT_FP32)
+    return y
+
+
+@triton.jit
+def _per_sub(v, T: tl.constexpr):
+    """[T // 8] per-block values -> [T] per-sub-block (each repeated 8 times)."""
+    return tl.reshape(tl.broadcast_to(v[:, None], (T // 8, 8)), (T,))
+
+
+@triton.jit
+def _sub_ratio(c):
+    """Sub-scale code -> (c/63)^2, as reference.sub_ratio."""
+    v = c.to(tl.float32) * INV63
+    return v * v
+
+
+@triton.jit
+def quantize(y, T: tl.constexpr):
+    """Rotated sub-blocks y [T, 32] fp32 (8 consecutive rows = one block) -> packed
+    nibble words [T, 4], high words [T, 2] (int32) and block records [T // 8] (int64)."""
+    mag = tl.abs(y)
+    finite = mag <= FP32_MAX  # False for NaN and +-Inf
+    sub_max = tl.max(tl.where(finite, mag, 0.0), axis=1)
+    sub_bad = tl.sum(tl.where(finite, 0, 1), axis=1)
+    blk_max = tl.max(tl.reshape(sub_max, (T // 8, 8)), axis=1)
+    blk_max = tl.where(blk_max < SCALE_MIN, 0.0, blk_max)
+    # Round the block max up to bf16 so that no value clips.
+    scale_bits = (blk_max.to(tl.int32, bitcast=True) + 0xFFFF) >> 16
+    bad = (tl.sum(tl.reshape(sub_bad, (T // 8, 8)), axis=1) > 0) | (scale_bits >= BF16_INF_BITS)
+    scale_bits = tl.where(bad, 0, scale_bits)
+    scale = _per_sub((scale_bits << 16).to(tl.float32, bitcast=True), T)
+    sub_max = tl.minimum(sub_max, scale)
+    # Smallest c with fp32(scale * (c/63)^2) >= sub_max: an estimate, then exact fix-ups.
+    est = tl.where(scale > 0, tl.sqrt(sub_max / scale) * 63.0, 0.0)
+    c = tl.minimum(tl.maximum(tl.ceil(est), 0.0), 63.0).to(tl.int32)
+    c = tl.where(scale * _sub_ratio(c) < sub_max, c + 1, c)
+    c = tl.where((c > 0) & (scale * _sub_ratio(tl.maximum(c - 1, 0)) >= sub_max), c - 1, c)
+    sub_scale = scale * _sub_ratio(c)
+    inv = tl.where(sub_scale > 0, tl.math.div_rn(1.0, sub_scale), 0.0)
+    u = tl.minimum(tl.where(finite, mag, 0.0) * inv[:, None], 1.0)
+    q = tl.floor((tl.sqrt_rn(u + 0.5625) - 0.75) * 63.0)
+    code = tl.minimum(tl.maximum(q, 0.0), 31.0).to(tl.int32) | tl.where(y < 0, 32, 0)
+    code = tl.where(_per_sub(bad, T)[:, None], 0, code)
+    nib_bits = tl.reshape(code & 15, (T, 4, 8)) << (4 * tl.arange(0, 8))[None, None, :]
+    high_bits = tl.reshape((code >> 4) & 3, (T, 2, 16)) << (2 * tl.arange(0, 16))[None, None, :]
+    sub_bits = tl.reshape(c.to(tl.int64), (T // 8, 8)) << (16 + 6 * tl.arange(0, 8).to(tl.int64))[None, :]
+    rec = tl.sum(sub_bits, axis=1) | tl.where(bad, BF16_NAN_BITS, scale_bits).to(tl.int64)
+    # Disjoint bit fields: the sums are bitwise ORs.
+    return tl.sum(nib_bits, axis=2), tl.sum(high_bits, axis=2), rec
+
+
+@triton.jit
+def dequantize(nib, high, rec, T: tl.constexpr):
+    """Packed words of T sub-blocks -> their values in the rotated domain, [T, 32] fp32."""
+    low = tl.reshape((nib[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 15, (T, 32))
+    top = tl.reshape((high[:, :, None] >> (2 * tl.arange(0, 16))[None, None, :]) & 3, (T, 32))
+    code = low | (top << 4)
+    scale = ((rec & 0xFFFF).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    c = (rec[:, None] >> (16 + 6 * tl.arange(0, 8).to(tl.int64))[None, :]) & 63
+    sub_scale = _per_sub(scale, T) * _sub_ratio(tl.reshape(c, (T,)))
+    t = (2 * (code & 31) + 1).to(tl.float32) * INV63
+    v = t * (3.0 + t) * 0.25 * sub_scale[:, None]
+    return tl.where(code >= 32, -v, v)
+
+
+@triton.jit
+def load_dequantize(pay, f0, n_sub, subs_per_row, row_w64, T: tl.constexpr):
+    """Load T sub-blocks of a payload from flat sub-block f0 and dequantize them."""
+    nib_ptrs, high_ptrs, rec_ptrs, sub_mask, blk_mask = payload_ptrs(pay, f0, n_sub, subs_per_row, row_w64, T)
+    nib = tl.load(nib_ptrs, mask=sub_mask[:, None], other=0)
+    high = tl.load(high_ptrs, mask=sub_mask[:, None], other=0)
+    rec = tl.load(rec_ptrs, mask=blk_mask, other=0)
+    return dequantize(nib, high, rec, T)

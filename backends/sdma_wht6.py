@@ -1,0 +1,87 @@
+"""``sdma_wht6``: the sdma transport moving wht6 payloads -- codec bytes, DMA waits.
+
+The byte savings of the 6.25-bit codec (:mod:`backends.wht6`) with a wait that costs no
+compute units: encode this rank's slice on the CUs into its peer-visible buffer, let
+the copy engines pull every peer's payload (stream wait-value on the peer's ``ready``
+flag, then a copy: no kernel spins), then ONE decode-accumulate kernel sums all W
+payloads in rank order (fp32, one inverse rotation, rounded once). Each rank decodes
+its own payload too, so every rank sums identical values and holds identical bits.
+
+One call of rank r, epoch t (one-shot only: a two-shot would quantize twice)::
+
+    stream r : fence | encode(slice) -> pub_r (emulated: -> stage, D2H -> pub_r)
+               | ready_r = t | for p: wait ready_p >= t, pull pub_p -> recv_p
+               | done_r = t | decode_accumulate(pub_r.., recv_p..) -> out
+
+The fence, flags, epochs and pulls are the sdma backend's (:mod:`backends.sdma`);
+payloads always start at offset 0 of ``pub``, so the fence orders each call's encode
+after every peer finished pulling the previous call's payload.
+
+wire_bytes = (W-1) x payload bytes = (W-1) x numel x 25/32: 39% of sdma one-shot's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends import wht6
+from backends.interface import check_slice
+from backends.registry import register
+from backends.sdma import SdmaBackend
+from backends.world import World
+
+
+@register("sdma_wht6")
+class SdmaWht6Backend(SdmaBackend):
+    bit_exact = False  # quantized; still identical bits on every rank
+    rel_rms_bound = wht6.SUM_REL_RMS_BOUND
+    peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
+
+    def __init__(self, world: World, spin_timeout_ms: float | None = None):
+        super().__init__(world, schedule="oneshot", spin_timeout_ms=spin_timeout_ms)
+        self.cols = 0  # columns of the last ensure_capacity (payload layout for timing)
+
+    def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
+        return (world_size - 1) * numel * 25 // 32 if world_size > 1 else 0
+
+    def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+        rows, row_bytes = wht6.payload_shape(max_rows, cols)
+        self.cols = cols
+        # The transport's buffers hold bytes: size them as a bf16 view of the payload.
+        super().ensure_capacity(rows, row_bytes // 2, torch.bfloat16)
+
+    def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        check_slice(slice_in, out)
+        rows, cols = slice_in.shape
+        if self.world.size == 1:
+            if out.data_ptr() != slice_in.data_ptr():
+                out.copy_(slice_in)
+            return
+        shape = wht6.payload_shape(rows, cols)
+        nbytes = shape[0] * shape[1]
+        if nbytes > self.capacity:
+            raise ValueError(f"sdma_wht6.all_reduce: a {rows}x{cols} payload needs {nbytes} B, "
+                             f"capacity is {self.capacity} B: call ensure_capacity first")
+        stream = self._stream()
+        t = self.signals.next_epoch()
+        self._fence(0, nbytes, stream)
+        mine = self._pub.local[:nbytes]
+        encoded = (self._stage if self.emulated else self._pub.local)[:nbytes].view(shape)
+        wht6.encode(slice_in, out=encoded)
+        if self.emulated:
+            self.engine.copy(mine, encoded.view(-1), stream)  # the D2H publish
+        self.signals.post("ready", t, stream)
+        pulled = self._pull_all(t, 0, nbytes, stream)
+        payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
+                    for q in range(self.world.size)]
+        wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
+        self._finish(t, 0, nbytes, stream)
+
+    def fill_passive_peers(self) -> None:
+        """Timing mode (see :meth:`SdmaBackend.fill_passive_peers`): every peer holds valid
+        payloads of rows of ``cols`` columns (repeated rows are again a valid payload)."""
+        if self.cols == 0:
+            raise ValueError("sdma_wht6.fill_passive_peers: call ensure_capacity first")
+        g = torch.Generator().manual_seed(0)
+        values = torch.randn(64, self.cols, generator=g).to(torch.bfloat16)
+        super().fill_passive_peers(wht6.encode(values))

@@ -1,0 +1,381 @@
+"""Tests of the wht6 codec (backends/wht6): the error bounds its format guarantees, its
+special values, the issue-3 targets against the INT6 baseline, and the Triton kernels
+against the torch reference (under the Triton interpreter on CPU, and on a GPU).
+
+Error bounds come from the format, not from a run: with the compander u(t) = t(3+t)/4
+and decision edges at t = k/31.5, a value in bin q is at most E_MAX * s_g from its level
+(E_MAX is the largest level-to-edge distance in u, about 5/4 * 1/63), and the expected
+squared error is the uniform-noise value sum (bin width * s_g)^2 / 12.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends import wht6
+from backends.wht6 import baseline_int6
+from backends.wht6 import reference as ref
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _u(t):
+    return t * (3 + t) / 4
+
+
+_Q = torch.arange(32, dtype=torch.float64)
+_EDGE_LO, _EDGE_HI = _u(_Q / 31.5), _u(torch.clamp((_Q + 1) / 31.5, max=1.0))
+BIN_WIDTH = _EDGE_HI - _EDGE_LO  # width in u of the bin of each code magnitude
+E_MAX = torch.maximum(_u((2 * _Q + 1) / 63) - _EDGE_LO, _EDGE_HI - _u((2 * _Q + 1) / 63)).max().item()
+FP32_SLACK = 1e-5  # relative slack for fp32 rounding of scales, levels and rotations
+
+
+def make(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """float64 test data: gaussian, student_t3, outlier_channels (0.5% x30), outlier_tokens."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    if kind == "student_t3":
+        x = x / torch.sqrt(torch.randn(rows, cols, 3, generator=g, dtype=torch.float64).square().sum(-1) / 3)
+    elif kind == "outlier_channels":
+        x[:, torch.randperm(cols, generator=g)[: max(1, cols // 200)]] *= 30.0
+    elif kind == "outlier_tokens":
+        x[torch.randperm(rows, generator=g)[: max(1, rows // 64)]] *= 50.0
+    return x
+
+
+def sub_scales(payload: torch.Tensor, cols: int) -> torch.Tensor:
+    """float64 s_g of every sub-block, [rows, cols / 32], read back from a payload."""
+    _, sub_code, scale_bits = ref.unpack(payload, cols)
+    scale = (scale_bits.to(torch.int32) << 16).view(torch.float32).double()
+    return scale.repeat_interleave(ref.GROUP, dim=1) * ref.sub_ratio(sub_code).double()
+
+
+def rotated_error(x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+    """Dequantized minus exact rotated values (float64), [rows, cols / 32, 32]."""
+    rows, cols = x.shape
+    return ref.dequantize(payload, cols).double() - ref.rotate(x.reshape(rows, -1, 32))
+
+
+def assert_within_format_bound(x: torch.Tensor, payload: torch.Tensor) -> None:
+    """Every rotated value within E_MAX * s_g of the exact one (blocks of x holding
+    NaN/Inf are skipped: they decode to NaN by design)."""
+    rows, cols = x.shape
+    finite = x.reshape(rows, -1, ref.BLOCK).isfinite().all(-1).repeat_interleave(ref.GROUP, 1)
+    err = rotated_error(x, payload).abs()[finite]
+    bound = (E_MAX * sub_scales(payload, cols)[..., None] * (1 + FP32_SLACK)).expand(rows, -1, 32)[finite]
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"{(err > bound).sum().item()} values beyond the format bound (by {worst:.3g})"
+
+
+# ---------------------------------------------------------------- format and layout
+
+def test_bits_and_payload_shape():
+    for cols in (256, 512, 4096, 5120, 8192):
+        assert wht6.bits_per_value(cols) <= 6.25
+        payload = wht6.encode(torch.zeros(3, cols))
+        assert payload.shape == wht6.payload_shape(3, cols)
+        assert 8 * payload.numel() / (3 * cols) == wht6.bits_per_value(cols)
+    assert wht6.payload_shape(8192, 5120) == (8192, 4000)
+    empty = wht6.encode(torch.zeros(0, 512))
+    assert empty.shape == (0, 400) and wht6.decode(empty, (0, 512), torch.bfloat16).shape == (0, 512)
+    assert baseline_int6.bits_per_value() == 6.5
+
+
+def test_rotation_is_orthonormal():
+    x = torch.randn(64, 32, dtype=torch.float32)
+    y = ref.rotate(x)
+    assert torch.equal((ref.rotate(y) / 32).to(torch.float32), x)  # exact in float64
+    assert torch.allclose(y.square().sum(-1), 32 * x.double().square().sum(-1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "student_t3", "outlier_channels", "outlier_tokens"])
+def test_round_trip_within_format_bounds(kind):
+    x = make(kind, 64, 2048).to(torch.float32)
+    payload = wht6.encode(x)
+    assert_within_format_bound(x, payload)
+    # Per sub-block the error energy is that of the rotated values / 32 (H / sqrt(32) is
+    # orthonormal), so the decoded tensor obeys the same bound per sub-block.
+    err = (wht6.decode(payload, x.shape, torch.float32).double() - x.double()).reshape(64, -1, 32)
+    assert (err.norm(dim=-1) <= E_MAX * sub_scales(payload, 2048) * (1 + FP32_SLACK)).all()
+    # Uniform-noise model of a fine quantizer: mean squared error = width^2 / 12 per value.
+    code, _, _ = ref.unpack(payload, 2048)
+    predicted = ((BIN_WIDTH[(code & 31).long()] * sub_scales(payload, 2048)[..., None]) ** 2 / 12).sum()
+    measured = rotated_error(x, payload).square().sum()
+    assert 0.9 < (measured / predicted).item() < 1.1
+
+
+def test_codes_follow_the_format_rules_in_float64():
+    """Scales and codes recomputed independently in float64 from the exact rotation."""
+    x = make("student_t3", 32, 1024, seed=2).to(torch.float32)
+    payload = wht6.encode(x)
+    code, sub_code, scale_bits = ref.unpack(payload, 1024)
+    y = ref.rotate(x.reshape(32, -1, 32))
+    sub_max = y.abs().amax(-1)
+    # Block scale: the smallest bf16 at or above the block max.
+    blk_max = sub_max.reshape(32, -1, ref.GROUP).amax(-1)
+    scale = (scale_bits.to(torch.int32) << 16).view(torch.float32).double()
+    below = ((scale_bits.to(torch.int32) - 1) << 16).view(torch.float32).double()
+    assert (scale >= blk_max * (1 - FP32_SLACK)).all() and (below < blk_max * (1 + FP32_SLACK)).all()
+    # Sub-block scale: the smallest (c/63)^2 * S at or above the sub-block max.
+    s_blk = scale.repeat_interleave(ref.GROUP, 1)
+    c = sub_code.double()
+    assert (s_blk * (c / 63) ** 2 >= sub_max * (1 - FP32_SLACK)).all()
+    assert (s_blk * ((c - 1) / 63) ** 2 < sub_max * (1 + FP32_SLACK))[c > 0].all()
+    # Codes: sign, and floor(31.5 t) with t the inverse compander of |y| / s_g; a code
+    # may differ only where 31.5 t sits within fp32 rounding of a decision edge.
+    t = 2 * (torch.sqrt((y.abs() / sub_scales(payload, 1024)[..., None]).clamp(max=1) + 0.5625) - 0.75)
+    expected = torch.floor(31.5 * t).clamp(0, 31)
+    on_edge = (31.5 * t - torch.round(31.5 * t)).abs() < 1e-4
+    assert ((code & 31).double() == expected)[~on_edge].all()
+    assert torch.equal(code >= 32, y < 0)
+
+
+def test_zeros_decode_to_exact_zeros():
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        payload = wht6.encode(torch.zeros(4, 512, dtype=dtype))
+        assert not payload.any()
+        assert torch.equal(wht6.decode(payload, (4, 512), dtype), torch.zeros(4, 512, dtype=dtype))
+
+
+def test_values_below_scale_min_flush_to_zero():
+    x = torch.full((1, 256), 1e-33)  # rotated max 3.2e-32 < 2**-100
+    assert torch.equal(wht6.decode(wht6.encode(x), (1, 256), torch.float32), torch.zeros(1, 256))
+
+
+def test_one_large_value_among_tiny_ones():
+    g = torch.Generator().manual_seed(1)
+    x = 1e-3 * torch.randn(2, 512, generator=g)
+    x[0, 77], x[1, 300] = 1.0e4, -3.0e3
+    payload = wht6.encode(x)
+    assert_within_format_bound(x, payload)
+    d = wht6.decode(payload, (2, 512), torch.float32)
+    # The spike sets its sub-block's scale (s_g <= |spike| (1 + 2**-7)); the error of the
+    # whole sub-block is at most E_MAX * s_g, so the spike keeps ~2% accuracy and its sign.
+    for r, c in ((0, 77), (1, 300)):
+        assert abs(d[r, c] - x[r, c]) <= E_MAX * abs(x[r, c]) * (1 + 2**-7)
+        assert torch.sign(d[r, c]) == torch.sign(x[r, c])
+    # Blocks without a spike keep scales fitted to their own tiny values.
+    _, _, scale_bits = ref.unpack(payload, 512)
+    scale = (scale_bits.to(torch.int32) << 16).view(torch.float32).double()
+    own_max = ref.rotate(x.reshape(2, -1, 32)).abs().reshape(2, 2, -1).amax(-1)
+    assert scale[0, 1] <= own_max[0, 1] * (1 + 2**-7) and scale[1, 0] <= own_max[1, 0] * (1 + 2**-7)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_poisons_exactly_its_block(bad):
+    x = make("gaussian", 3, 1024).to(torch.float32)
+    x[1, 600] = bad  # block 2 of row 1
+    d = wht6.decode(wht6.encode(x), (3, 1024), torch.float32).reshape(3, 4, 256)
+    poisoned = torch.zeros(3, 4, dtype=torch.bool)
+    poisoned[1, 2] = True
+    assert d[poisoned].isnan().all()
+    assert d[~poisoned].isfinite().all()
+    other = wht6.encode(torch.ones(3, 1024))
+    s = wht6.decode_accumulate([other, wht6.encode(x)], (3, 1024), torch.bfloat16).reshape(3, 4, 256)
+    assert s[poisoned].isnan().all() and s[~poisoned].isfinite().all()
+
+
+def test_rotation_overflow_decodes_to_nan():
+    x = torch.zeros(1, 512)
+    x[0, :2] = 3.0e38  # finite, but the rotated sum overflows fp32
+    d = wht6.decode(wht6.encode(x), (1, 512), torch.float32)
+    assert d[0, :256].isnan().all() and torch.equal(d[0, 256:], torch.zeros(256))
+
+
+def test_decode_accumulate_equals_sum_of_decodes():
+    xs = [make(k, 16, 1024, seed=i) for i, k in enumerate(["gaussian", "student_t3", "outlier_channels"])]
+    payloads = [wht6.encode(x.to(torch.bfloat16)) for x in xs]
+    total = wht6.decode_accumulate(payloads, (16, 1024), torch.float32).double()
+    parts = sum(wht6.decode(p, (16, 1024), torch.float32).double() for p in payloads)
+    assert torch.allclose(total, parts, rtol=1e-6, atol=1e-6 * parts.abs().max().item())
+
+
+def test_encode_is_row_local_and_deterministic():
+    x = make("student_t3", 10, 768).to(torch.bfloat16)
+    payload = wht6.encode(x)
+    assert torch.equal(payload, wht6.encode(x.clone()))
+    assert torch.equal(payload[3:7], wht6.encode(x[3:7]))
+    out = torch.full_like(payload, 0xFF)
+    assert wht6.encode(x, out=out) is out and torch.equal(out, payload)
+
+
+@pytest.mark.parametrize("kind,target", [("gaussian", 1.0), ("outlier_channels", 0.5), ("student_t3", 1.0)])
+def test_error_vs_int6_baseline(kind, target):
+    """Issue-3 targets: Gaussian <= 1.0x INT6, outlier channels <= 0.5x; Student-t is at
+    least better than INT6 here (its 0.5x target is the xfail below)."""
+    x = make(kind, 128, 2048, seed=7).to(torch.bfloat16)
+    exact = x.double()
+    err = (wht6.decode(wht6.encode(x), x.shape, torch.float32).double() - exact).norm()
+    err_int6 = (baseline_int6.round_trip(x).double() - exact).norm()
+    assert err / err_int6 <= target
+
+
+@pytest.mark.xfail(strict=True, reason="issue-3 target Student-t <= 0.5x INT6 not met (0.58x): "
+                                        "see the format docstring in backends/wht6/__init__.py")
+def test_student_t_half_of_int6():
+    test_error_vs_int6_baseline("student_t3", 0.5)
+
+
+def test_int6_baseline_follows_its_format():
+    x = make("gaussian", 8, 256).to(torch.float32)
+    codes, scales = baseline_int6.quantize(x)
+    assert codes.min() >= -32 and codes.max() <= 31
+    s = scales.float().repeat_interleave(32, dim=1).abs()
+    assert ((baseline_int6.round_trip(x) - x).abs() <= s * (1 + 1e-6)).all()  # clip side: one step
+    assert torch.equal(baseline_int6.round_trip(torch.zeros(2, 64)), torch.zeros(2, 64))
+
+
+@pytest.mark.parametrize("call,exc,words", [
+    (lambda: wht6.encode([[1.0]]), TypeError, "x must be a torch.Tensor"),
+    (lambda: wht6.encode(torch.zeros(256)), ValueError, "x must be 2-D"),
+    (lambda: wht6.encode(torch.zeros(2, 256, dtype=torch.int32)), TypeError, "x dtype"),
+    (lambda: wht6.encode(torch.zeros(2, 300)), ValueError, "multiple of 256"),
+    (lambda: wht6.encode(torch.zeros(512, 2).t()), ValueError, "unit stride"),
+    (lambda: wht6.decode(torch.zeros(2, 200), (2, 256), torch.float32), TypeError, "torch.uint8"),
+    (lambda: wht6.decode(torch.zeros(2, 199, dtype=torch.uint8), (2, 256), torch.float32), ValueError, "shape (2, 200)"),
+    (lambda: wht6.decode(torch.zeros(2, 200, dtype=torch.uint8), (2, 256), torch.int8), TypeError, "dtype must be"),
+    (lambda: wht6.decode(torch.zeros(2, 200, dtype=torch.uint8), (2,), torch.float32), ValueError, "shape must be"),
+    (lambda: wht6.decode_accumulate([], (2, 256), torch.float32), ValueError, "non-empty"),
+    (lambda: wht6.decode_accumulate([torch.zeros(2, 200, dtype=torch.uint8), torch.zeros(2, 100, dtype=torch.uint8)],
+                                    (2, 256), torch.float32), ValueError, "payloads[1]"),
+    (lambda: wht6.bits_per_value(100), ValueError, "cols must be"),
+])
+def test_bad_arguments_raise_clear_errors(call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    assert words in str(info.value)
+
+
+# ---------------------------------------------------------------- kernels vs reference
+
+def _code_index(code: torch.Tensor) -> torch.Tensor:
+    """Signed level index: -32..-1 for negative codes, 0..31 for positive ones."""
+    return torch.where(code >= 32, -1 - (code & 31), code & 31)
+
+
+def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    mant = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
+    exp = torch.floor(torch.log2(x.abs().clamp(min=torch.finfo(dtype).tiny)))
+    return torch.pow(2.0, exp - mant)
+
+
+def assert_payloads_agree(kernel: torch.Tensor, expected: torch.Tensor, x: torch.Tensor) -> None:
+    """Identical bytes, except where the kernel's fp32 rotation sums (tensor cores, any
+    order) round differently from the reference's exact sums and a value lands on the
+    other side of a decision edge: then a code, sub-scale code or scale moves by ONE
+    step, in at most 1e-3 of the places, and the format bound still holds."""
+    cols = x.shape[1]
+    kernel = kernel.cpu()
+    if torch.equal(kernel, expected):
+        return
+    (ck, sk, bk), (ce, se, be) = ref.unpack(kernel, cols), ref.unpack(expected, cols)
+    for name, a, b in (("code", _code_index(ck), _code_index(ce)), ("sub-scale", sk, se), ("scale", bk, be)):
+        moved = a != b
+        assert moved.float().mean().item() <= 1e-3, f"{name}: {moved.sum().item()} differ"
+        assert (a - b).abs().max().item() <= 1, f"{name}: moved by more than one step"
+    assert_within_format_bound(x.float().cpu(), kernel)
+
+
+def assert_decoded_agree(kernel: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """Within one output ulp, plus what the kernel's 2-piece bf16 split of the fp32 sums
+    may drop: each rotated value to 2**-17 of itself, i.e. at most 2**-17 * 32 = 2**-12
+    of the largest output of the sub-block. NaN exactly where the reference has NaN,
+    which also proves the (NaN-poisoned) output was fully written."""
+    k, e = kernel.cpu().double(), expected.double()
+    assert torch.equal(k.isnan(), e.isnan()), "NaN pattern differs (output not fully written?)"
+    rows, cols = e.shape
+    finite = e.isfinite()
+    sub_max = e.where(finite, 0).abs().reshape(rows, -1, 32).amax(-1, keepdim=True)
+    tol = _ulp(e, dtype) + 2.0**-12 * sub_max.expand(rows, -1, 32).reshape(rows, cols)
+    assert ((k - e).abs() <= tol)[finite].all()
+
+
+def check_kernels_against_reference(device: str, cases: list, seed: int = 0) -> None:
+    """Run the three kernels on ``device`` for (rows, cols, dtype, row_pad) cases with
+    poisoned outputs; compare with the reference. Called by the GPU tests directly and,
+    under TRITON_INTERPRET=1, by the interpreter test in a subprocess."""
+    from backends.kernels.wht6_decode import wht6_decode
+    from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
+    from backends.kernels.wht6_encode import wht6_encode
+
+    kinds = ["gaussian", "student_t3", "outlier_channels", "outlier_tokens"]
+    for i, (rows, cols, dtype, row_pad) in enumerate(cases):
+        xs = [make(kinds[(i + w) % 4], rows, cols, seed + 10 * i + w).to(dtype) for w in range(8)]
+        xs[0][rows // 2, cols // 3] = float("nan")
+        padded = torch.zeros(rows, cols + row_pad, dtype=dtype, device=device)
+        padded[:, :cols] = xs[0].to(device)
+        x_dev = padded[:, :cols]  # row stride cols + row_pad
+        pay = torch.full(wht6.payload_shape(rows, cols), 0xFF, dtype=torch.uint8, device=device)
+        wht6_encode(x_dev, pay)
+        expected = ref.encode(xs[0])
+        assert_payloads_agree(pay, expected, xs[0])
+        payloads = [expected] + [ref.encode(x) for x in xs[1:]]
+        for n in (1, 3, 8):
+            out = torch.full((rows, cols), float("nan"), dtype=dtype, device=device)
+            dev_payloads = [p.to(device) for p in payloads[:n]]
+            if n == 1:
+                wht6_decode(dev_payloads[0], (rows, cols), dtype, out)
+            else:
+                wht6_decode_accumulate(dev_payloads, (rows, cols), dtype, out)
+            assert_decoded_agree(out, ref.decode_accumulate(payloads[:n], (rows, cols), dtype), dtype)
+
+
+def test_kernel_comparisons_can_fail():
+    """The tolerances used against the kernels reject real defects."""
+    x = make("gaussian", 4, 512).to(torch.float32)
+    good = ref.encode(x)
+    jumped = good.clone()
+    jumped[0, 0] ^= 0x02  # one code moved by two levels
+    many = good.clone()
+    many[:, :256] ^= 0x11  # every low-plane code changed
+    for bad in (jumped, many):
+        with pytest.raises(AssertionError):
+            assert_payloads_agree(bad, good, x)
+    decoded = ref.decode(good, (4, 512), torch.bfloat16)
+    unwritten = decoded.clone()
+    unwritten[2, 100] = float("nan")
+    off_by_two_ulps = decoded.float().clone()
+    i = int(decoded[1, :32].float().abs().argmax())  # the sub-block's largest: tol ~ 1 ulp
+    off_by_two_ulps[1, i] += 2 * _ulp(decoded[1, i].float(), torch.bfloat16)
+    for bad in (unwritten, off_by_two_ulps.to(torch.bfloat16)):
+        with pytest.raises(AssertionError):
+            assert_decoded_agree(bad, decoded, torch.bfloat16)
+
+
+INTERPRETER_CASES = [(3, 512, torch.bfloat16, 0), (17, 768, torch.float16, 256), (2, 256, torch.float32, 0)]
+
+
+def test_interpreter_kernels_match_reference():
+    """The Triton kernels on CPU tensors under TRITON_INTERPRET=1 (set before triton is
+    imported, hence a subprocess). Deselect with -k 'not interpreter'."""
+    pytest.importorskip("triton")
+    pytest.importorskip("numpy")
+    code = ("import sys, torch; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import test_wht6 as t; "
+            "t.check_kernels_against_reference('cpu', t.INTERPRETER_CASES)")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(ROOT / "tests")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_kernels_match_reference(dtype):
+    g = torch.Generator().manual_seed(3)
+    cases = [(int(torch.randint(1, 300, (1,), generator=g)), 256 * int(torch.randint(1, 24, (1,), generator=g)),
+              dtype, 64 * int(torch.randint(0, 3, (1,), generator=g))) for _ in range(4)]
+    check_kernels_against_reference("cuda", cases + [(64, 5120, dtype, 0)], seed=5)
+
+
+@pytest.mark.gpu
+def test_gpu_public_api_dispatches_to_kernels():
+    x = make("outlier_channels", 128, 5120).to(torch.bfloat16)
+    payload = wht6.encode(x.cuda())
+    assert payload.is_cuda
+    assert_payloads_agree(payload, ref.encode(x), x.float())
+    d = wht6.decode_accumulate([payload, payload], (128, 5120), torch.float32)
+    assert d.is_cuda
+    assert_decoded_agree(d, ref.decode_accumulate([payload.cpu()] * 2, (128, 5120), torch.float32), torch.float32)
