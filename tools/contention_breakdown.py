@@ -18,6 +18,7 @@ import os
 import sys
 
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # see compare_backends.py
+os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # see compare_backends.py
 
 import torch  # noqa: E402
 

@@ -25,6 +25,7 @@ import overlap
 from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
 from overlap.op import forward
+from overlap.slicing import slice_bounds
 from world_measure import Case, shard
 
 
@@ -39,12 +40,17 @@ def verify(case: Case, size: int, device: torch.device) -> dict:
     settings = OverlapSettings(True, case.backend, 1, case.slices)
     runtimes = [overlap.build(w, settings) for w in worlds]
     data = [shard(case, rank, device) for rank in range(size)]
+    bounds = slice_bounds(case.rows, case.slices, runtimes[0].backend.row_align)
     ref = sum(x.double() @ w.double().t() for x, w in data)
     # Grow (and load every kernel) on every rank before any rank's stream can block on a
     # peer's flag: a first kernel load synchronizes the device, which would wait forever
     # on a stream parked behind a flag the not-yet-issued peer has not posted.
     for rt in runtimes:
         rt.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
+    # cuBLAS picks (and may load) a kernel per slice shape: run each shape once now.
+    x0, w0 = data[0]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        torch.mm(x0[a:b], w0.t())
     torch.cuda.synchronize(device)
     streams = [torch.cuda.Stream(device) for _ in range(size)]
     for s in streams:
