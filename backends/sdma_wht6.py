@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from backends import wht6
-from backends.interface import check_slice
+from backends.interface import check_slice, refuse_growth_in_capture
 from backends.registry import register
 from backends.sdma import SdmaBackend
 from backends.world import World
@@ -46,9 +46,21 @@ class SdmaWht6Backend(SdmaBackend):
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         rows, row_bytes = wht6.payload_shape(max_rows, cols)
+        if cols != self.cols and self.world.device.type == "cuda" and self.world.size > 1:
+            self._warm_codec(cols, dtype)
         self.cols = cols
         # The transport's buffers hold bytes: size them as a bf16 view of the payload.
         super().ensure_capacity(rows, row_bytes // 2, torch.bfloat16)
+
+    def _warm_codec(self, cols: int, dtype: torch.dtype) -> None:
+        """Compile and load the codec kernels now, for the reason given in
+        :func:`backends.kernels.reduce_sum.warm_up` (a first module load can synchronize
+        the device while an emulated rank's stream waits on a flag)."""
+        refuse_growth_in_capture("sdma_wht6 codec warm-up", self.world.device)
+        x = torch.zeros(1, cols, dtype=dtype, device=self.world.device)
+        payload = wht6.encode(x)
+        wht6.decode_accumulate([payload] * self.world.size, (1, cols), dtype)
+        torch.cuda.synchronize(self.world.device)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
         check_slice(slice_in, out)
