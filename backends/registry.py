@@ -13,7 +13,8 @@ from typing import Callable, Mapping, TypeVar
 from backends import envs
 from backends.interface import Backend
 
-_BUILTIN_MODULES = ("backends.stock", "backends.sdma", "backends.sdma_wht6", "backends.symm_ref")
+_BUILTIN_MODULES = ("backends.stock", "backends.sdma", "backends.sdma_wht6", "backends.symm_ref",
+                    "backends.oneshot_wht6")
 
 _CLASSES: dict[str, type[Backend]] = {}
 _ALIASES: dict[str, str] = {}

@@ -37,10 +37,13 @@ class ScratchPool:
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < nbytes:
             refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0])
+            # Grow by at least 1.5x so warm-up over rising M re-allocates O(log M) times,
+            # not once per new high-water mark (seen: a soak's M=96 first drawn at call 290).
+            grown = max(nbytes, (buf.numel() * 3) // 2 if buf is not None else 0)
             # Drop the old buffer first so the allocator can reuse its block.
             self._buffers.pop(key, None)
             del buf
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=key[0])
+            buf = torch.empty(grown, dtype=torch.uint8, device=key[0])
             self._buffers[key] = buf
             self.growths += 1
         return buf[:nbytes].view(dtype).view(shape)

@@ -62,7 +62,8 @@ def test_a_peer_that_never_arrives_times_out_and_a_fresh_world_works():
 
 @pytest.mark.parametrize("backend", backends.names())
 def test_soak_2000_calls_every_result_correct_and_memory_flat(cpu_world, backend):
-    r = cpu_world(2).run(soak.soak_job, backend, 2000, 600.0, 96, 64, 32, 32, 3, seed=5)[0]
+    # N = 256: the codec backends need whole 256-value blocks
+    r = cpu_world(2).run(soak.soak_job, backend, 2000, 600.0, 96, 256, 32, 32, 3, seed=5)[0]
     if "skipped" in r:
         pytest.skip(f"{backend}: {r['skipped']}")
     assert r["calls"] == 2000

@@ -164,10 +164,11 @@ def baseline_of(hdr: dict) -> str:
 
 def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     print(report.table([r for r in records if "skipped" not in r]))
+    skipped = {r["backend"]: r["skipped"] for r in records if "skipped" in r}
+    for name, reason in skipped.items():
+        print(f"skipped {name}: {reason}")
     for r in records:
-        if "skipped" in r:
-            print(f"skipped {r['backend']}: {r['skipped']}")
-        elif not r["correct"]:
+        if "skipped" not in r and not r["correct"]:
             print(f"WRONG {r['backend']} M={r['M']}: rel rms {r['rel_rms_err']:.2e}, identical on "
                   f"ranks: {r['identical_on_ranks']} -- not timed")
     if hdr.get("baseline"):

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-m", type=int, default=32,
                    help="RADIANCE_AR_OVERLAP_MIN_M for the soak (default 32: both paths run)")
     p.add_argument("--slices", type=int, default=3, help="slices of the pipeline (default 3)")
-    p.add_argument("--n", type=int, default=64, help="output columns (default 64)")
+    p.add_argument("--n", type=int, default=256,
+                   help="output columns (default 256: one block of the wht6 codec)")
     p.add_argument("--k", type=int, default=32, help="input columns (default 32)")
     args = p.parse_args(argv)
     from backends.cpu_world import CpuWorldPool

@@ -1,0 +1,56 @@
+"""Bad input to the op in real CPU worlds: a clear error, nothing half-written, next call fine."""
+
+import pytest
+import torch
+
+import overlap
+import world_jobs
+from backends.world import World
+from overlap.config import OverlapSettings
+
+
+def bad_then_good_job(world: World, backend: str) -> dict:
+    """A bad call (N not a multiple of the codec block, or a shape mismatch), then good ones."""
+    rt = overlap.build(world, OverlapSettings(True, backend, 1, 2))
+    x, w = world_jobs.shard(1, world.rank, 32, 200, 64)  # N = 200: not a multiple of 256
+    try:
+        overlap.forward(rt, x, w, None, "bf16")
+        error = None
+    except (ValueError, TypeError) as e:
+        error = f"{type(e).__name__}: {e}"
+    x, w = world_jobs.shard(2, world.rank, 32, 256, 64)
+    outs = [overlap.forward(rt, x, w, None, "bf16") for _ in range(3)]
+    ref = world_jobs.reference(2, world.size, 32, 256, 64)
+    rt.close()
+    return {"error": error, "outs": outs, "ref": ref, "bound": rt.backend.rel_rms_bound}
+
+
+def gate_job(world: World, backend: str) -> str:
+    try:
+        overlap.build(world, OverlapSettings(True, backend, 1, 2))
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+@pytest.mark.parametrize("backend", ["sdma_wht6", "oneshot_wht6"])
+def test_codec_backends_reject_n_off_the_block_then_keep_working(cpu_world, backend):
+    import backends
+
+    if backend not in backends.names():
+        pytest.skip(f"{backend} is not registered in this tree")
+    results = cpu_world(2).run(bad_then_good_job, backend)
+    for rank, r in enumerate(results):
+        assert r["error"] is not None and "256" in r["error"], (rank, r["error"])
+        ref = r["ref"]
+        for out in r["outs"]:
+            rel = ((out.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+            assert rel <= r["bound"], (rank, rel)
+            assert torch.equal(out, results[0]["outs"][0])
+
+
+@pytest.mark.parametrize("backend", ["symm_oneshot", "symm_twoshot"])
+def test_a_world_the_backend_cannot_serve_is_refused_with_the_reason(cpu_world, backend):
+    messages = cpu_world(2).run(gate_job, backend)
+    for m in messages:
+        assert f"backend {backend!r} cannot run here" in m and "torchrun" in m
