@@ -289,7 +289,7 @@ class OneshotWht6Backend(Backend):
             self._own = torch.empty(nbytes, dtype=torch.uint8, device=self.world.device)
         self.capacity = nbytes
         if self.gpu:
-            from backends.kernels.oneshot_wht6 import kernel_pointer
+            from backends.kernels.pointers import kernel_pointer
 
             # A larger region may change an argument's type: warm up again (cached).
             self._warm.clear()

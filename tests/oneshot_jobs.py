@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import overlap
+import world_jobs
 from backends import wht6
 from backends.oneshot_wht6 import OneshotWht6Backend
 from backends.signals import PeerTimeoutError
@@ -154,7 +155,7 @@ def passive_job(world: World, rows: int, cols: int) -> list | None:
 
 def op_job(world: World, rows: int, cols: int, k: int, slice_counts: list, seed: int) -> list:
     """radiance::linear_ar's body through oneshot_wht6, twice per slice count."""
-    x, w = op_shard(seed, world.rank, rows, cols, k)
+    x, w = world_jobs.shard(seed, world.rank, rows, cols, k)
     outs = []
     for s in slice_counts:
         rt = overlap.build(world, OverlapSettings(True, "oneshot_wht6", 1, s))
@@ -163,17 +164,3 @@ def op_job(world: World, rows: int, cols: int, k: int, slice_counts: list, seed:
         rt.close()
     return outs
 
-
-def op_shard(seed: int, rank: int, rows: int, cols: int, k: int) -> tuple:
-    g = torch.Generator().manual_seed(seed * 100 + rank)
-    x = torch.randn(rows, k, generator=g).to(DT)
-    w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
-    return x, w
-
-
-def op_reference(seed: int, size: int, rows: int, cols: int, k: int) -> torch.Tensor:
-    total = torch.zeros(rows, cols, dtype=torch.float64)
-    for r in range(size):
-        x, w = op_shard(seed, r, rows, cols, k)
-        total += x.double() @ w.double().t()
-    return total

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import overlap
+import world_jobs
 from backends.sdma import SdmaBackend
 from backends.signals import PeerTimeoutError
 from backends.world import World
@@ -119,9 +120,7 @@ def missing_peer_job(world: World, timeout_ms: float) -> tuple | None:
 def op_job(world: World, schedule: str, rows: int, cols: int, k: int, slice_counts: list,
            seed: int) -> list:
     """radiance::linear_ar's body through the sdma backend, for each slice count."""
-    g = torch.Generator().manual_seed(seed * 100 + world.rank)
-    x = torch.randn(rows, k, generator=g).to(DT)
-    w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
+    x, w = world_jobs.shard(seed, world.rank, rows, cols, k)
     outs = []
     old = os.environ.get("RADIANCE_AR_SDMA_SCHEDULE")
     os.environ["RADIANCE_AR_SDMA_SCHEDULE"] = schedule
@@ -139,12 +138,3 @@ def op_job(world: World, schedule: str, rows: int, cols: int, k: int, slice_coun
             os.environ["RADIANCE_AR_SDMA_SCHEDULE"] = old
     return outs
 
-
-def op_reference(seed: int, size: int, rows: int, cols: int, k: int) -> torch.Tensor:
-    total = torch.zeros(rows, cols, dtype=torch.float64)
-    for r in range(size):
-        g = torch.Generator().manual_seed(seed * 100 + r)
-        x = torch.randn(rows, k, generator=g).to(DT)
-        w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
-        total += x.double() @ w.double().t()
-    return total

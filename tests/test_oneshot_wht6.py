@@ -4,10 +4,7 @@ under the Triton interpreter, and W emulated ranks on one GPU (marked ``gpu``)."
 import importlib.util
 import os
 import random
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 # Every emulated rank's kernel spins on its own stream; streams sharing one of the
 # driver's hardware queues could serialize them (default 8 queues).
@@ -17,7 +14,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import backends  # noqa: E402
+from interpreter import run_under_interpreter  # noqa: E402
 import oneshot_jobs as jobs  # noqa: E402
+import world_jobs  # noqa: E402
 import overlap  # noqa: E402
 from backends.oneshot_wht6 import OneshotWht6Backend  # noqa: E402
 from backends.signals import PeerTimeoutError  # noqa: E402
@@ -25,7 +24,6 @@ from backends.world import World, emulated_worlds, single_world  # noqa: E402
 from overlap.config import OverlapSettings  # noqa: E402
 from overlap.slicing import slice_bounds  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 DT = torch.bfloat16
 BOUND = OneshotWht6Backend.rel_rms_bound
 SHAPES = [(1, 256), (5, 512), (16, 1280), (7, 768), (33, 256)]
@@ -78,7 +76,7 @@ def test_through_the_overlap_op(cpu_world, size):
     rows, cols, k, seed = 29, 256, 48, 4
     slice_counts = [1, 2, 4]
     per_rank = cpu_world(size).run(jobs.op_job, rows, cols, k, slice_counts, seed)
-    ref = jobs.op_reference(seed, size, rows, cols, k)
+    ref = world_jobs.reference(seed, size, rows, cols, k)
     for r, outs in enumerate(per_rank):
         assert len(outs) == 2 * len(slice_counts)
         for i, out in enumerate(outs):
@@ -175,10 +173,7 @@ print("interpreter-ok")
 @pytest.mark.interpreter
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_fused_kernel_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "interpreter-ok" in res.stdout, res.stderr[-3000:]
+    run_under_interpreter(INTERPRETER_SCRIPT)
 
 
 # ------------------------------------------------------------------ one GPU, W emulated ranks
@@ -288,10 +283,10 @@ def test_missing_peer_raises_within_the_bound_and_the_gpu_keeps_working():
 @pytest.mark.gpu
 def test_emulated_ranks_through_the_op():
     size, rows, cols, k, seed = 2, 257, 1280, 512, 3
-    ref = jobs.op_reference(seed, size, rows, cols, k)
+    ref = world_jobs.reference(seed, size, rows, cols, k)
     worlds = emulated_worlds(size, DEV)
     streams = [torch.cuda.Stream(DEV) for _ in worlds]
-    shards = [tuple(t.to(DEV) for t in jobs.op_shard(seed, r, rows, cols, k)) for r in range(size)]
+    shards = [tuple(t.to(DEV) for t in world_jobs.shard(seed, r, rows, cols, k)) for r in range(size)]
     for s in (1, 2, 4):
         rts = [overlap.build(wd, OverlapSettings(True, "oneshot_wht6", 1, s)) for wd in worlds]
         outs = []

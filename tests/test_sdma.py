@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import sdma_jobs as jobs
+import world_jobs  # noqa: E402
 from backends.sdma import SdmaBackend, auto_schedule, shard_bounds
 from backends.world import single_world
 from overlap.slicing import slice_bounds
@@ -84,7 +85,7 @@ def test_through_the_overlap_op(cpu_world, size, schedule):
     rows, cols, k, seed = 29, 40, 48, 4
     slice_counts = [1, 2, 3, 4, 7]
     per_rank = cpu_world(size).run(jobs.op_job, schedule, rows, cols, k, slice_counts, seed)
-    ref = jobs.op_reference(seed, size, rows, cols, k)
+    ref = world_jobs.reference(seed, size, rows, cols, k)
     for r, outs in enumerate(per_rank):
         assert len(outs) == 2 * len(slice_counts)
         for i, out in enumerate(outs):

@@ -15,6 +15,7 @@ import torch  # noqa: E402
 
 import overlap  # noqa: E402
 import sdma_jobs as jobs  # noqa: E402
+import world_jobs  # noqa: E402
 from backends.sdma import SdmaBackend  # noqa: E402
 from backends.signals import PeerTimeoutError  # noqa: E402
 from backends.world import emulated_worlds  # noqa: E402
@@ -85,14 +86,12 @@ def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, relea
 def test_emulated_ranks_through_the_op(size, schedule, monkeypatch, release):
     monkeypatch.setenv("RADIANCE_AR_SDMA_SCHEDULE", schedule)
     rows, cols, k, seed = 257, 384, 512, 3
-    ref = jobs.op_reference(seed, size, rows, cols, k)
+    ref = world_jobs.reference(seed, size, rows, cols, k)
     worlds = emulated_worlds(size, DEV)
     streams = [torch.cuda.Stream(DEV) for _ in worlds]
     inputs = []
     for r in range(size):
-        g = torch.Generator().manual_seed(seed * 100 + r)
-        x = torch.randn(rows, k, generator=g).to(DT)
-        w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
+        x, w = world_jobs.shard(seed, r, rows, cols, k)
         inputs.append((x.to(DEV), w.to(DEV)))
     for s in (1, 2, 3, 4, 7):
         rts = [overlap.build(wd, OverlapSettings(True, "sdma", 1, s)) for wd in worlds]

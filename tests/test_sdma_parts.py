@@ -2,13 +2,12 @@
 the copy layer's bindings (argument building, missing packages), flags and gates."""
 
 import importlib.util
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from interpreter import run_under_interpreter
 import torch
 
 from backends import copy_engine
@@ -19,7 +18,6 @@ from backends.sdma import SdmaBackend
 from backends.signals import PASSIVE_EPOCH, CpuSignals, PeerTimeoutError
 from backends.world import World
 
-ROOT = Path(__file__).resolve().parents[1]
 
 INTERPRETER_SCRIPT = r"""
 import torch
@@ -49,10 +47,7 @@ print("interpreter-ok")
 @pytest.mark.interpreter
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_reduce_kernel_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "interpreter-ok" in res.stdout, res.stderr[-3000:]
+    run_under_interpreter(INTERPRETER_SCRIPT)
 
 
 def test_reference_reduce_is_fp32_in_rank_order_rounded_once():

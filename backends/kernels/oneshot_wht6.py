@@ -52,6 +52,8 @@ from typing import Any, Sequence
 
 import torch
 
+
+
 SUBS_PER_PROGRAM = 64  # T: sub-blocks per tile (2048 values), as in the codec's kernels
 MAX_RANKS = 8  # payload and flag pointer arguments
 ITERS_PER_MS = 1000  # spin bound without a timer (see module doc)
@@ -245,19 +247,6 @@ def _kernel() -> Any:
     return _jitted
 
 
-class HostPointer:
-    """Pinned host memory as the kernel sees it: an address (device-accessible under UVA)."""
-
-    def __init__(self, t: torch.Tensor):
-        self.dtype, self._ptr = t.dtype, t.data_ptr()
-
-    def data_ptr(self) -> int:
-        return self._ptr
-
-
-def kernel_pointer(t: torch.Tensor) -> Any:
-    """``t`` as a kernel argument: pinned host tensors are passed by address."""
-    return HostPointer(t) if t.device.type == "cpu" and t.is_pinned() else t
 
 
 def padded_cols(cols: int) -> int:
@@ -285,7 +274,7 @@ def launch(x: torch.Tensor, out: torch.Tensor, pubs: Sequence[Any], flags: Seque
 
     ``pubs`` / ``flags``: every rank's payload buffer (uint8, two regions of
     ``region_bytes``) and flag words (int64, at least ``ctas``), in rank order, as
-    tensors or :func:`kernel_pointer` s. ``own``: this rank's private payload copy (or
+    tensors or :func:`backends.kernels.pointers.kernel_pointer` s. ``own``: this rank's private payload copy (or
     None: its payload is read back from ``pubs[rank]``). ``err``: int64 [2] error words.
     ``warm_up``: compile and launch with no work (no epoch, no flag), so that a later
     call does not compile while peers spin.

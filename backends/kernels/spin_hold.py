@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from backends.kernels.pointers import HostPointer
+
 tl: Any = None  # triton.language, bound by _kernel() at the first launch
 _jitted: Any = None
 
@@ -52,16 +54,6 @@ def _kernel() -> Any:
     return _jitted
 
 
-class _HostPointer:
-    """Pinned host memory as Triton sees it: an address (device-accessible under UVA)."""
-
-    def __init__(self, t: torch.Tensor):
-        self.dtype, self._ptr = t.dtype, t.data_ptr()
-
-    def data_ptr(self) -> int:
-        return self._ptr
-
-
 def launch(flag: torch.Tensor, started: torch.Tensor, max_iters: int, num_warps: int = 4) -> bool:
     """Launch ``started.numel()`` spinning programs on the current stream (see module doc).
 
@@ -72,7 +64,7 @@ def launch(flag: torch.Tensor, started: torch.Tensor, max_iters: int, num_warps:
             raise ValueError(f"spin_hold: {label} must be a pinned host int32 tensor")
     if not isinstance(max_iters, int) or max_iters < 1:
         raise ValueError(f"spin_hold: max_iters must be an int >= 1, got {max_iters!r}")
-    args = (_HostPointer(flag), _HostPointer(started), max_iters)
+    args = (HostPointer(flag), HostPointer(started), max_iters)
     if torch.version.hip is None:
         try:
             _kernel()[(started.numel(),)](*args, RECORD_SM=True, num_warps=num_warps)
