@@ -41,6 +41,12 @@ def check_slice(slice_in: torch.Tensor, out: torch.Tensor) -> None:
         raise ValueError(f"all_reduce: slice_in on {slice_in.device} but out on {out.device}")
 
 
+def copy_unless_same(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst[...] = src`` unless both are the same memory (an in-place call)."""
+    if dst.data_ptr() != src.data_ptr():
+        dst.copy_(src)
+
+
 class Backend(abc.ABC):
     """One rank's all-reduce strategy. Subclasses register with ``@backends.register``."""
 

@@ -60,7 +60,8 @@ import torch
 
 from backends import envs
 from backends.copy_engine import CopyEngine, bindings_reason, platform
-from backends.interface import SUPPORTED_DTYPES, Backend, check_slice, refuse_growth_in_capture
+from backends.interface import (SUPPORTED_DTYPES, Backend, check_slice, copy_unless_same,
+                                refuse_growth_in_capture)
 from backends.peer_memory import typed_view
 from backends.registry import register
 from backends.signals import FLAG_BYTES, CpuSignals, GpuSignals, Signals
@@ -230,8 +231,7 @@ class SdmaBackend(Backend):
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
         check_slice(slice_in, out)
         if self.world.size == 1:
-            if out.data_ptr() != slice_in.data_ptr():
-                out.copy_(slice_in)
+            copy_unless_same(slice_in, out)
             return
         stream = self._stream()
         t, off, local = self._publish(slice_in, stream)

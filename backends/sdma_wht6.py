@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from backends import wht6
-from backends.interface import check_slice, refuse_growth_in_capture
+from backends.interface import check_slice, copy_unless_same, refuse_growth_in_capture
 from backends.registry import register
 from backends.sdma import SdmaBackend
 from backends.world import World
@@ -66,8 +66,7 @@ class SdmaWht6Backend(SdmaBackend):
         check_slice(slice_in, out)
         rows, cols = slice_in.shape
         if self.world.size == 1:
-            if out.data_ptr() != slice_in.data_ptr():
-                out.copy_(slice_in)
+            copy_unless_same(slice_in, out)
             return
         shape = wht6.payload_shape(rows, cols)
         nbytes = shape[0] * shape[1]

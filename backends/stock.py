@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from backends.interface import Backend, check_slice
+from backends.interface import Backend, check_slice, copy_unless_same
 from backends.registry import register
 from backends.world import World
 
@@ -38,16 +38,14 @@ class StockBackend(Backend):
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
         check_slice(slice_in, out)
         if self.world.size == 1:
-            if out.data_ptr() != slice_in.data_ptr():
-                out.copy_(slice_in)
+            copy_unless_same(slice_in, out)
             return
         if self.world.vllm_tp:
             from vllm.distributed import tensor_model_parallel_all_reduce
 
             out.copy_(tensor_model_parallel_all_reduce(slice_in))
             return
-        if out.data_ptr() != slice_in.data_ptr():
-            out.copy_(slice_in)
+        copy_unless_same(slice_in, out)
         dist.all_reduce(out, group=self.world.group)
 
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:

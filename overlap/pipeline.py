@@ -15,7 +15,7 @@ persistent buffers cross streams)::
 - ``main`` waits for ``g_s`` and runs the backend's AR of rows ``b_s:b_s+1`` into ``out``.
 - When it returns, main has waited for every ``g_s``, so it is ordered after every
   side-stream use of ``x``, the scales and ``y``: freeing per-call tensors is safe and no
-  ``record_stream`` is needed. Nothing is allocated on ``side``.
+  record-stream bookkeeping is needed. Nothing is allocated on ``side``.
 
 On the CPU the lanes are no-ops and the same code runs in program order.
 """

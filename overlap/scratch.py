@@ -1,7 +1,7 @@
 """Persistent, grow-only scratch buffers, one per (device, name).
 
 Why: the seed's first pipeline allocated GEMM outputs and AR results on a side stream;
-the deferred frees that ``record_stream`` needs piled up across 64 layers into more than
+the deferred frees of torch's record-stream mechanism piled up across 64 layers into more than
 1 GiB of dead reserved memory and warm-up ran out of memory. Here every cross-stream
 tensor is a view of one of these buffers, allocated on the caller's stream and never
 freed, so after warm-up the allocator sees nothing at all.
