@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+import backends
 import overlap
 import world_jobs
 from backends.sdma import SdmaBackend
@@ -101,13 +102,14 @@ def long_job(world: World, schedule: str, calls: int, seed: int) -> dict:
     return {"bad": bad, "hashes": hashes}
 
 
-def missing_peer_job(world: World, timeout_ms: float) -> tuple | None:
-    """Rank 0 calls all_reduce; no other rank does. Returns (elapsed s, error) on rank 0."""
-    be = SdmaBackend(world, schedule="oneshot", spin_timeout_ms=timeout_ms)
-    be.ensure_capacity(4, 8, DT)
+def missing_peer_job(world: World, timeout_ms: float, backend: str = "sdma") -> tuple | None:
+    """Rank 0 calls all_reduce; no other rank does. Returns (elapsed s, error) on rank 0.
+    ``backend``: sdma or a backend built on its transport (sdma_wht6)."""
+    be = backends.get(backend)(world, spin_timeout_ms=timeout_ms)
+    be.ensure_capacity(4, 256, DT)  # 256 columns: one block of the wht6 codec
     if world.rank != 0:
         return None
-    x = make_input(0, 0, 0, 4, 8)
+    x = make_input(0, 0, 0, 4, 256)
     out = torch.empty_like(x)
     start = time.monotonic()
     try:
