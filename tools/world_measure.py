@@ -69,9 +69,17 @@ def digest(t: torch.Tensor) -> int:
 
 def measure(world: World, case: Case) -> dict:
     """Collective. A record (rank 0's timings; errors and digests of every rank)."""
-    settings = OverlapSettings(True, case.backend, 1, case.slices)
-    rt = overlap.build(world, settings)
+    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices))
     stock = overlap.build(world, OverlapSettings(True, "stock", 1, 1))
+    try:
+        return _measure(world, case, rt, stock)
+    finally:
+        rt.close()
+        stock.close()
+
+
+def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
+             stock: overlap.OverlapRuntime) -> dict:
     x, w = shard(case, world.rank, world.device)
     partial = x.double() @ w.double().t()
     dist.all_reduce(partial, group=world.group)
@@ -130,6 +138,4 @@ def measure(world: World, case: Case) -> dict:
         record["t_gemm_concurrent_ms"] = concurrent
         record["contention"] = metrics.contention(concurrent, times["gemm"])
     record["bus_gbs"] = metrics.bus_bandwidth_gbs(record["wire_bytes"], times["ar"])
-    rt.close()
-    stock.close()
     return record
