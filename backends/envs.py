@@ -3,7 +3,9 @@
 Both packages read settings through this module (``overlap`` included), so a knob has
 exactly one name, one default, one parser and one help text. No other module reads
 ``os.environ``. A bad value raises ``ValueError`` naming the variable, the value and
-what was expected; nothing falls back silently to a default.
+what was expected; nothing falls back silently to a default. The launcher's and Triton's
+own variables this project reacts to (``LOCAL_RANK``, ``TRITON_INTERPRET``) are read here
+too, by :func:`torchrun_local_rank` and :func:`triton_interpreter`.
 
     >>> from backends import envs
     >>> envs.get("RADIANCE_AR_OVERLAP_SLICES")
@@ -107,6 +109,25 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
         raise KeyError(f"{name} is not a radiance-ar setting; known: {', '.join(KNOBS)}") from None
     env = os.environ if environ is None else environ
     return knob.parse(name, env.get(name, knob.default))
+
+
+def triton_interpreter(environ: Mapping[str, str] | None = None) -> bool:
+    """Triton's own ``TRITON_INTERPRET=1`` (kernels run on the CPU): its bf16 dot is
+    wrong there, so kernels switch to fp32 dots, and spin-waits cannot be satisfied."""
+    env = os.environ if environ is None else environ
+    return env.get("TRITON_INTERPRET") == "1"
+
+
+def torchrun_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """``LOCAL_RANK`` as torchrun sets it, or None when not launched by torchrun."""
+    env = os.environ if environ is None else environ
+    raw = env.get("LOCAL_RANK")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer (set by torchrun)") from None
 
 
 def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

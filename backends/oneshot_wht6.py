@@ -304,7 +304,7 @@ class OneshotWht6Backend(Backend):
         every pointer alignment a row slice can have, then meet the peers."""
         from backends.kernels import oneshot_wht6 as kernel
 
-        elem = torch.tensor([], dtype=dtype).element_size()
+        elem = dtype.itemsize
         rows = 1 if cols * elem % 16 == 0 else 2
         x = torch.zeros(rows, cols, dtype=dtype, device=self.world.device)
         for r in range(rows):  # row 1 of a 2-row tensor: the misaligned variant

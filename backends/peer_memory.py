@@ -45,7 +45,7 @@ class PeerBuffer:
 def typed_view(raw: torch.Tensor, rows: int, cols: int, dtype: torch.dtype,
                byte_offset: int = 0) -> torch.Tensor:
     """A ``rows x cols`` view of ``dtype`` into the uint8 tensor ``raw`` at ``byte_offset``."""
-    size = torch.tensor([], dtype=dtype).element_size()
+    size = dtype.itemsize
     nbytes = rows * cols * size
     assert byte_offset % size == 0 and byte_offset + nbytes <= raw.numel(), (
         f"view of {nbytes} B at {byte_offset} exceeds buffer of {raw.numel()} B")

@@ -194,7 +194,7 @@ class SdmaBackend(Backend):
                 raise ValueError(f"sdma.ensure_capacity: {label} must be an int >= 1, got {v!r}")
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"sdma.ensure_capacity: dtype {dtype}, expected one of {SUPPORTED_DTYPES}")
-        need = max_rows * cols * torch.tensor([], dtype=dtype).element_size()
+        need = max_rows * cols * dtype.itemsize
         if dtype not in self._warm and self.world.size > 1 and self.world.device.type == "cuda":
             from backends.kernels import reduce_sum as kernel
 
@@ -221,7 +221,7 @@ class SdmaBackend(Backend):
         self.capacity = nbytes
 
     def input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-        need = rows * cols * torch.tensor([], dtype=dtype).element_size()
+        need = rows * cols * dtype.itemsize
         if need > self.capacity:
             raise ValueError(f"sdma.input_view: {rows}x{cols} {dtype} needs {need} B, capacity "
                              f"is {self.capacity} B: call ensure_capacity first")

@@ -44,7 +44,7 @@ class _SymmMemAllReduce(Backend):
         return None
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
-        nbytes = max_rows * cols * torch.tensor([], dtype=dtype).element_size()
+        nbytes = max_rows * cols * dtype.itemsize
         if self.buffer is None or self.buffer.nbytes < nbytes:
             refuse_growth_in_capture(f"{self.name} buffer ({nbytes} B)", self.world.device)
             self.buffer = None

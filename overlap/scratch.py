@@ -32,7 +32,7 @@ class ScratchPool:
         numel = 1
         for d in shape:
             numel *= d
-        nbytes = numel * torch.tensor([], dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         key = (torch.device(device), name)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < nbytes:

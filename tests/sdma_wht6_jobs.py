@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import overlap
+from oneshot_jobs import make_input  # codec-friendly inputs (row scales 2^-4..2^4)
 from backends import wht6
 from backends.sdma_wht6 import SdmaWht6Backend
 from backends.world import World
@@ -12,11 +13,6 @@ from overlap.config import OverlapSettings
 from overlap.slicing import slice_bounds
 
 DT = torch.bfloat16
-
-
-def make_input(seed: int, call: int, rank: int, rows: int, cols: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed((seed * 7919 + call) * 131 + rank)
-    return torch.randn(rows, cols, generator=g).to(DT)
 
 
 def codec_reference(seed: int, call: int, size: int, rows: int, cols: int) -> torch.Tensor:

@@ -56,3 +56,12 @@ def test_unknown_knob_is_a_key_error():
 def test_registry_rejects_duplicate_names():
     with pytest.raises(ValueError, match="already registered"):
         backends.register("stock")(type("Dup", (backends.get("stock"),), {}))
+
+
+def test_launcher_and_triton_variables():
+    assert envs.torchrun_local_rank({}) is None
+    assert envs.torchrun_local_rank({"LOCAL_RANK": "3"}) == 3
+    with pytest.raises(ValueError, match="LOCAL_RANK='x'"):
+        envs.torchrun_local_rank({"LOCAL_RANK": "x"})
+    assert envs.triton_interpreter({"TRITON_INTERPRET": "1"})
+    assert not envs.triton_interpreter({})

@@ -48,7 +48,7 @@ class PeerSumBackend(Backend):
         self.buffer = None
 
     def ensure_capacity(self, max_rows, cols, dtype):
-        nbytes = max_rows * cols * torch.tensor([], dtype=dtype).element_size()
+        nbytes = max_rows * cols * dtype.itemsize
         if self.buffer is None or self.buffer.nbytes < nbytes:
             refuse_growth_in_capture("test_peer_sum buffer", self.world.device)
             self.buffer = self.world.memory.allocate("test_peer_sum", nbytes)

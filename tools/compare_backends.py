@@ -35,6 +35,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import backends  # noqa: E402
+from backends import envs  # noqa: E402
 import report  # noqa: E402
 from world_measure import Case, measure  # noqa: E402
 
@@ -194,7 +195,7 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
 
     from backends.world import from_process_group
 
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = envs.torchrun_local_rank()
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     world = from_process_group(device=torch.device("cuda", local))
@@ -254,7 +255,7 @@ def run_probe(args: argparse.Namespace, hdr: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if "LOCAL_RANK" in os.environ and torch.cuda.is_available() and args.mode == "auto":
+    if envs.torchrun_local_rank() is not None and torch.cuda.is_available() and args.mode == "auto":
         result = run_torchrun(args)
         if result is None:
             return 0

@@ -47,10 +47,11 @@ use ``enable_fp_fusion=False``, as the codec's kernels do.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import torch
+
+from backends import envs
 
 
 
@@ -260,7 +261,7 @@ def payload_bytes_per_row(cols: int) -> int:
 
 def modes(device: torch.device) -> tuple[int, bool]:
     """(SYNC, TIMER) for kernels on ``device`` (see the module doc)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type == "cpu":
+    if envs.triton_interpreter() or device.type == "cpu":
         return 0, False
     if torch.version.hip is not None:
         return 2, False

@@ -8,9 +8,10 @@ values split into exact bf16 pieces), and rounded once to the output dtype.
 
 Each program decodes T consecutive sub-blocks in row-major order (T // 8 whole blocks).
 """
-import os
 
 import torch
+
+from backends import envs
 import triton
 import triton.language as tl
 
@@ -65,6 +66,6 @@ def wht6_decode(payload: torch.Tensor, shape: tuple, dtype: torch.dtype, out: to
     wht6_decode_kernel[grid](
         payload, out, n_sub, cols // reference.SUB, out.stride(0), pay_shape[1] // 8,
         T=SUBS_PER_PROGRAM, SPLITS=_SPLITS[dtype],
-        DOT_FP32=os.environ.get("TRITON_INTERPRET") == "1",
+        DOT_FP32=envs.triton_interpreter(),
         num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

@@ -10,9 +10,10 @@ gets the same bits. A NaN block in any payload makes that block of the sum NaN.
 
 Each program reduces T consecutive sub-blocks in row-major order (T // 8 whole blocks).
 """
-import os
 
 import torch
+
+from backends import envs
 import triton
 import triton.language as tl
 
@@ -78,6 +79,6 @@ def wht6_decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype,
     wht6_decode_accumulate_kernel[grid](
         *padded, out, n_sub, cols // reference.SUB, out.stride(0), pay_shape[1] // 8, len(payloads),
         T=SUBS_PER_PROGRAM, SPLITS=_SPLITS[dtype],
-        DOT_FP32=os.environ.get("TRITON_INTERPRET") == "1",
+        DOT_FP32=envs.triton_interpreter(),
         num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

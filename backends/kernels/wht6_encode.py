@@ -10,9 +10,10 @@ Payload row r: [cols/2 B nibble plane | cols/4 B high-bit plane | cols/32 B reco
 Each program encodes T consecutive sub-blocks in row-major order (T // 8 whole blocks),
 so any number of rows works, and the input may have any row stride.
 """
-import os
 
 import torch
+
+from backends import envs
 import triton
 import triton.language as tl
 
@@ -70,6 +71,6 @@ def wht6_encode(x: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor:
     wht6_encode_kernel[grid](
         x, out, n_sub, cols // reference.SUB, x.stride(0), shape[1] // 8,
         T=SUBS_PER_PROGRAM, SPLITS=_SPLITS[x.dtype],
-        DOT_FP32=os.environ.get("TRITON_INTERPRET") == "1",
+        DOT_FP32=envs.triton_interpreter(),
         num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
