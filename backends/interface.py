@@ -99,6 +99,19 @@ class Backend(abc.ABC):
         rank can be timed alone (DESIGN 3.4). Results are then not sums over ranks."""
         raise TypeError(f"backend {self.name!r} has no passive-peer timing mode")
 
+    def check(self, timeout_ms: float | None = None) -> None:
+        """Host-side wait, bounded, for every call enqueued so far; raises
+        :class:`~backends.signals.PeerTimeoutError` naming a peer that never arrived. A
+        backend whose waits are inline (CPU worlds) or bounded by the vendor collective
+        has nothing to wait for here."""
+
+    def resync(self) -> None:
+        """Collective, after a :class:`~backends.signals.PeerTimeoutError` on any rank and
+        with no call in flight: put every rank's call numbering back in step, so that the
+        next call is right again. A backend without epochs of its own has nothing to put
+        back (``stock``: a process group that timed out is not repaired here; build a
+        fresh world)."""
+
     def close(self) -> None:
         """Release peer-visible memory; collective where the world's memory is."""
 

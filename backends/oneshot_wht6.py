@@ -206,21 +206,16 @@ class OneshotWht6Backend(Backend):
         if self.world.size == 1:
             return
         mem = self.world.memory
-        if self.gpu:
-            torch.cuda.synchronize(self.world.device)
-        mem.barrier()
         if self.signals is not None:
-            top = max(self.signals.peer_value(p, "ready") for p in range(self.world.size))
-        else:
-            top = max(int(self._words(p).max()) for p in range(self.world.size))
+            self.signals.resync(mem.barrier)
+            return
+        torch.cuda.synchronize(self.world.device)
         mem.barrier()
-        if self.signals is not None:
-            self.signals.epoch = top
-            self.signals.post("ready", top)
-        else:
-            self._words(self.world.rank).fill_(top)
-            torch.cuda.synchronize(self.world.device)
-            self._err.zero_()
+        top = max(int(self._words(p).max()) for p in range(self.world.size))
+        mem.barrier()
+        self._words(self.world.rank).fill_(top)
+        torch.cuda.synchronize(self.world.device)
+        self._err.zero_()
         mem.barrier()
 
     def fill_passive_peers(self, seed: int = 0) -> None:

@@ -250,6 +250,16 @@ class SdmaBackend(Backend):
         if self.signals is not None:
             self.signals.check(timeout_ms)
 
+    def resync(self) -> None:
+        """Collective (see :meth:`Backend.resync`). GPU: call :meth:`check` first, so the
+        failed call's stream was released (emulated world) and has finished."""
+        if self.signals is None:
+            return
+        if self.world.device.type == "cuda":
+            torch.cuda.synchronize(self.world.device)
+        self.signals.resync(self.world.memory.barrier)
+        self._pending.clear()  # every peer read before the jump is over (no call in flight)
+
     def close(self) -> None:
         self._pub = self._red = self._stage = self._recv = None
         self.capacity = 0
@@ -343,7 +353,7 @@ class SdmaBackend(Backend):
     def _pull_all(self, t: int, off: int, nbytes: int, stream: int) -> dict[int, torch.Tensor]:
         got = {}
         for p in self._peer_order():
-            self.signals.wait(p, "ready", t, stream, "sdma one-shot all_reduce")
+            self.signals.wait(p, "ready", t, stream, f"{self.name} one-shot all_reduce")
             got[p] = self._recv_slot(p, nbytes)
             self._pull(got[p], self._pub.peer(p)[off:off + nbytes], stream)
         self.signals.post("done", t, stream)
@@ -354,7 +364,7 @@ class SdmaBackend(Backend):
         r, e = self.world.rank, out.element_size()
         bounds = shard_bounds(out.numel(), self.world.size, e)
         lo, hi = bounds[r], bounds[r + 1]
-        what = "sdma two-shot all_reduce"
+        what = f"{self.name} two-shot all_reduce"
         ops = {}
         for p in self._peer_order():
             self.signals.wait(p, "ready", t, stream, what)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import time
+from typing import Callable
 
 import torch
 
@@ -90,6 +91,22 @@ class Signals(abc.ABC):
     def peer_value(self, peer: int, slot: str) -> int:
         """The flag as the host reads it now (reports; host-visible flags only)."""
         return int(self._words[peer][_slot(slot)])
+
+    def resync(self, barrier: Callable[[], None]) -> int:
+        """Collective, no call in flight on any rank: put every rank back in step after a
+        :class:`PeerTimeoutError`. Every rank's epoch and all of its flags jump to the
+        largest flag value any rank reached (flags only grow, so no wait of a later call
+        can be satisfied by a flag of an earlier one). Returns that epoch."""
+        barrier()
+        top = max(self.peer_value(p, slot) for p in range(self.size) for slot in SLOTS)
+        barrier()  # every rank has read every flag before any rank raises its own
+        self.epoch = top
+        own = self._words[self.rank][:len(SLOTS)]
+        own.fill_(top)
+        if own.is_cuda:
+            torch.cuda.synchronize(own.device)
+        barrier()
+        return top
 
     def set_passive(self, peer: int) -> None:
         """Raise every flag of ``peer`` to :data:`PASSIVE_EPOCH` (timing with passive peers)."""

@@ -15,13 +15,11 @@ import random
 import time
 
 import torch
-import torch.distributed as dist
 
 import overlap
 import world_jobs
 from backends import wht6
 from backends.oneshot_wht6 import OneshotWht6Backend
-from backends.signals import PeerTimeoutError
 from backends.world import World
 from overlap.config import OverlapSettings
 from overlap.slicing import slice_bounds
@@ -105,31 +103,6 @@ def long_job(world: World, calls: int, seed: int) -> dict:
     return {"bad": bad, "hashes": hashes}
 
 
-def missing_peer_job(world: World, timeout_ms: float) -> dict:
-    """Rank 0 calls all_reduce alone and must time out; then every rank resyncs and a
-    full call must be right again."""
-    be = OneshotWht6Backend(world, spin_timeout_ms=timeout_ms)
-    be.ensure_capacity(4, 256, DT)
-    res = {"elapsed": None, "message": None}
-    if world.rank == 0:
-        x = make_input(1, 0, 0, 4, 256)
-        start = time.monotonic()
-        try:
-            be.all_reduce(x, torch.empty_like(x))
-        except PeerTimeoutError as e:
-            res["message"] = str(e)
-        res["elapsed"] = time.monotonic() - start
-    dist.barrier(group=world.group)
-    be.resync()
-    x = make_input(2, 0, world.rank, 4, 256)
-    out = torch.full_like(x, float("nan"))
-    be.all_reduce(x, out)
-    res["after_ok"] = bool(torch.equal(bits(out), bits(codec_result(
-        [make_input(2, 0, r, 4, 256) for r in range(world.size)]))))
-    be.close()
-    return res
-
-
 def passive_job(world: World, rows: int, cols: int) -> list | None:
     """Rank 0 alone against passive peers (timing mode): each call, at either region
     parity, must sum its own payload and the peers' pre-filled valid payloads."""
@@ -163,4 +136,3 @@ def op_job(world: World, rows: int, cols: int, k: int, slice_counts: list, seed:
         outs.append(overlap.forward(rt, x, w, None, "bf16"))  # reuse of the same buffers
         rt.close()
     return outs
-

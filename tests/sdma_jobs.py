@@ -15,11 +15,9 @@ import time
 import numpy as np
 import torch
 
-import backends
 import overlap
 import world_jobs
 from backends.sdma import SdmaBackend
-from backends.signals import PeerTimeoutError
 from backends.world import World
 from overlap.config import OverlapSettings
 from overlap.slicing import slice_bounds
@@ -102,23 +100,6 @@ def long_job(world: World, schedule: str, calls: int, seed: int) -> dict:
     return {"bad": bad, "hashes": hashes}
 
 
-def missing_peer_job(world: World, timeout_ms: float, backend: str = "sdma") -> tuple | None:
-    """Rank 0 calls all_reduce; no other rank does. Returns (elapsed s, error) on rank 0.
-    ``backend``: sdma or a backend built on its transport (sdma_wht6)."""
-    be = backends.get(backend)(world, spin_timeout_ms=timeout_ms)
-    be.ensure_capacity(4, 256, DT)  # 256 columns: one block of the wht6 codec
-    if world.rank != 0:
-        return None
-    x = make_input(0, 0, 0, 4, 256)
-    out = torch.empty_like(x)
-    start = time.monotonic()
-    try:
-        be.all_reduce(x, out)
-    except PeerTimeoutError as e:
-        return time.monotonic() - start, str(e)
-    return time.monotonic() - start, None
-
-
 def op_job(world: World, schedule: str, rows: int, cols: int, k: int, slice_counts: list,
            seed: int) -> list:
     """radiance::linear_ar's body through the sdma backend, for each slice count."""
@@ -139,4 +120,3 @@ def op_job(world: World, schedule: str, rows: int, cols: int, k: int, slice_coun
         else:
             os.environ["RADIANCE_AR_SDMA_SCHEDULE"] = old
     return outs
-

@@ -9,11 +9,8 @@ import torch
 import torch.distributed as dist
 
 import backends
-import overlap
 import world_jobs
 from backends.cpu_world import CpuWorldPool, WorldError
-from backends.world import single_world
-from overlap.config import OverlapSettings
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 import soak  # noqa: E402
@@ -71,13 +68,26 @@ def test_soak_2000_calls_every_result_correct_and_memory_flat(cpu_world, backend
     assert r["scratch_after_warmup"] == r["scratch_final"]
 
 
-def test_decode_path_creates_no_stream_or_event(monkeypatch):
-    world = single_world("cpu")
-    backend = world_jobs.PeerSumBackend(world)
-    rt = overlap.OverlapRuntime(world, OverlapSettings(True, backend.name, 64, 4), backend)
-    for name in ("Stream", "Event"):
-        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: pytest.fail(f"decode path made a {name}"))
-    x, w = world_jobs.shard(0, 0, 16, 8, 32)
-    for rows in (1, 7, 63):
-        overlap.forward(rt, x[:rows].contiguous(), w, None, "bf16")
-    assert rt._lanes is None and backend.buffer is None  # neither streams nor peer buffers
+@pytest.mark.parametrize("backend", world_jobs.waiting_backends())
+def test_a_missing_peer_raises_within_the_bound_then_resync_and_a_fresh_call_work(
+        cpu_world, backend):
+    res = cpu_world(2).run(world_jobs.missing_peer_then_resync_job, backend, 300.0)
+    message, elapsed = res[0]["message"], res[0]["elapsed"]
+    assert message is not None, "all_reduce returned although peer 1 never called"
+    assert 0.25 < elapsed < 2.0, elapsed  # the 300 ms bound, not a hang
+    assert "peer rank 1" in message and "epoch) 1" in message and backend in message, message
+    for rank, r in enumerate(res):
+        assert world_jobs.rel_rms(r["out"], r["ref"]) <= r["bound"], rank
+        assert torch.equal(r["out"], res[0]["out"]), rank
+
+
+@pytest.mark.parametrize("backend", backends.names())
+def test_decode_path_is_the_vendor_ar_with_no_stream_event_or_growth(cpu_world, backend):
+    res = cpu_world(2).run(world_jobs.decode_path_job, backend)
+    if "skipped" in res[0]:
+        pytest.skip(f"{backend}: {res[0]['skipped']}")
+    for rank, r in enumerate(res):
+        assert r["made"] == [] and not r["grew"], (rank, r["made"], r["grew"])
+        for rows, out in r["outs"].items():
+            assert world_jobs.rel_rms(out, r["refs"][rows]) <= 2 ** -6, (rank, rows)
+            assert torch.equal(out, res[0]["outs"][rows]), (rank, rows)

@@ -94,3 +94,150 @@ def pipeline_job(world: World, rows: int, cols: int, k: int, slices_list: list[i
         x, w = shard(seed, world.rank, rows, cols, k)
         results[slices] = overlap.forward(rt, x, w, None, "bf16")
     return {"outs": results, "ref": reference(seed, world.size, rows, cols, k)}
+
+
+def waiting_backends() -> list[str]:
+    """Registered backends whose waits carry their own spin bound (``spin_timeout_ms``)."""
+    import inspect
+
+    import backends
+
+    return [n for n in backends.names()
+            if "spin_timeout_ms" in inspect.signature(backends.get(n)).parameters]
+
+
+def missing_peer_then_resync_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """Rank 0 calls all_reduce alone and must fail within the bound; then every rank
+    resyncs and a full call must be right again (fresh inputs, poisoned output)."""
+    import time
+
+    import torch.distributed as dist
+
+    import backends
+    from backends.signals import PeerTimeoutError
+
+    be = backends.get(backend)(world, spin_timeout_ms=timeout_ms)
+    rows, cols = 4, 256  # 256 columns: one block of the wht6 codec
+    be.ensure_capacity(rows, cols, torch.bfloat16)
+    res = {"elapsed": None, "message": None}
+    if world.rank == 0:
+        x = slice_input(1, 0, rows, cols)
+        start = time.monotonic()
+        try:
+            be.all_reduce(x, torch.empty_like(x))
+        except PeerTimeoutError as e:
+            res["message"] = str(e)
+        res["elapsed"] = time.monotonic() - start
+    dist.barrier(group=world.group)
+    be.resync()
+    res["out"] = good_call(be, world, seed=2, rows=rows, cols=cols)
+    res["ref"], res["bound"] = inputs_sum(2, world.size, rows, cols), be.rel_rms_bound
+    be.close()
+    return res
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMS error of ``out`` against a float64 reference (NaN stays NaN: fails)."""
+    return float((out.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
+
+
+def slice_input(seed: int, rank: int, rows: int, cols: int) -> torch.Tensor:
+    """An all_reduce input of ``rank``: the ``x`` of a ``shard`` with K = cols."""
+    return shard(seed, rank, rows, 1, cols)[0]
+
+
+def inputs_sum(seed: int, size: int, rows: int, cols: int) -> torch.Tensor:
+    """float64 sum over ranks of ``slice_input`` (the all_reduce jobs' reference)."""
+    return sum(slice_input(seed, r, rows, cols).double() for r in range(size))
+
+
+def good_call(be: Backend, world: World, seed: int, rows: int, cols: int) -> torch.Tensor:
+    x = slice_input(seed, world.rank, rows, cols)
+    out = torch.full_like(x, float("nan"))
+    be.all_reduce(x, out)
+    return out
+
+
+#: (label, (slice_in, out) from a good pair, error type, words the message must hold)
+BAD_SLICES = [
+    ("int32 input", lambda x, o: (x.to(torch.int32), o), TypeError, "dtype"),
+    ("1-D input", lambda x, o: (x.reshape(-1), o), ValueError, "2-D"),
+    ("3-D input", lambda x, o: (x.unsqueeze(0), o), ValueError, "2-D"),
+    ("non-contiguous input", lambda x, o: (x.t().contiguous().t(), o.t().contiguous().t()),
+     ValueError, "contiguous"),
+    ("out of another shape", lambda x, o: (x, o[:-1]), ValueError, "must match"),
+    ("out of another dtype", lambda x, o: (x, o.to(torch.float32)), ValueError, "must match"),
+    ("out on another device", lambda x, o: (x, o.to("meta")), ValueError, "but out on meta"),
+]
+
+
+def bad_slices_job(world: World, backend: str) -> dict:
+    """Every rank makes each bad call of ``BAD_SLICES`` (and, for a backend with buffers,
+    one over its capacity): each must raise, leave the poisoned ``out`` and the input
+    untouched, and leave the ranks in step, so that a good call after them is right."""
+    import backends
+
+    reason = backends.get(backend).unsupported_reason(world)
+    if reason is not None:
+        return {"skipped": reason}
+    be = backends.get(backend)(world)
+    rows, cols = 4, 256
+    be.ensure_capacity(rows, cols, torch.bfloat16)
+    x = slice_input(3, world.rank, rows, cols)
+    cases = list(BAD_SLICES)
+    if type(be).ensure_capacity is not Backend.ensure_capacity:
+        big = slice_input(4, world.rank, 64 * rows, cols)
+        cases.append(("rows over capacity", lambda x, o: (big, torch.full_like(big, float("nan"))),
+                      ValueError, "ensure_capacity"))
+    errors = {}
+    for label, make, error, words in cases:
+        out = torch.full_like(x, float("nan"))
+        bad_in, bad_out = make(x.clone(), out)
+        before = bad_in.clone() if bad_in.device.type != "meta" else None
+        try:
+            be.all_reduce(bad_in, bad_out)
+            errors[label] = "no error"
+        except (TypeError, ValueError) as e:
+            errors[label] = (type(e) is error and words in str(e)) or f"{type(e).__name__}: {e}"
+        untouched = bool(out.isnan().all()) and (before is None or torch.equal(before, bad_in))
+        if bad_out.device.type != "meta" and bad_out.data_ptr() != out.data_ptr():
+            untouched &= bool(bad_out.isnan().all())
+        if not untouched:
+            errors[label] = "wrote into out or its input"
+    res = {"errors": errors, "out": good_call(be, world, seed=5, rows=rows, cols=cols),
+           "ref": inputs_sum(5, world.size, rows, cols), "bound": be.rel_rms_bound}
+    be.close()
+    return res
+
+
+STREAM_APIS = ("Stream", "Event", "ExternalStream")
+
+
+def decode_path_job(world: World, backend: str, min_m: int = 64) -> dict:
+    """The op below MIN_M with ``backend`` selected: results, whether it made a stream or
+    event (each of ``STREAM_APIS`` is replaced by a recorder meanwhile) and whether it grew
+    any buffer (scratch, peer-visible memory, the lanes)."""
+    import backends
+
+    reason = backends.get(backend).unsupported_reason(world)
+    if reason is not None:
+        return {"skipped": reason}
+    made: list[str] = []
+    saved = {name: getattr(torch.cuda, name) for name in STREAM_APIS}
+    rt = overlap.build(world, OverlapSettings(True, backend, min_m, 4))
+    peer = (world.memory.allocations, world.memory.allocated_bytes)
+    outs = {}
+    try:
+        for name in STREAM_APIS:
+            setattr(torch.cuda, name, lambda *a, _name=name, **k: made.append(_name))
+        for rows in (1, 7, min_m - 1):
+            x, w = shard(6, world.rank, rows, 256, 32)
+            outs[rows] = overlap.forward(rt, x, w, None, "bf16")
+    finally:
+        for name, api in saved.items():  # the pool's processes run later jobs too
+            setattr(torch.cuda, name, api)
+    grew = ((world.memory.allocations, world.memory.allocated_bytes) != peer
+            or rt.scratch.growths > 0 or rt._lanes is not None)
+    rt.close()
+    return {"outs": outs, "refs": {rows: reference(6, world.size, rows, 256, 32) for rows in outs},
+            "made": made, "grew": grew}
