@@ -5,7 +5,8 @@ exactly one name, one default, one parser and one help text. No other module rea
 ``os.environ``. A bad value raises ``ValueError`` naming the variable, the value and
 what was expected; nothing falls back silently to a default. The launcher's and Triton's
 own variables this project reacts to (``LOCAL_RANK``, ``TRITON_INTERPRET``) are read here
-too, by :func:`torchrun_local_rank` and :func:`triton_interpreter`.
+too, by :func:`torchrun_local_rank` and :func:`triton_interpreter`, and the CUDA driver
+settings that emulated ranks need are set here, by :func:`prepare_cuda_for_emulated_ranks`.
 
     >>> from backends import envs
     >>> envs.get("RADIANCE_AR_OVERLAP_SLICES")
@@ -128,6 +129,23 @@ def torchrun_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
         return int(raw)
     except ValueError:
         raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer (set by torchrun)") from None
+
+
+#: CUDA driver settings for W emulated ranks on one GPU, each owning a stream that may park
+#: on a stream wait-value: with the default 8 hardware connections, streams sharing a queue
+#: block each other (seen on the H200 while building sdma; ROCm's equivalent is
+#: GPU_MAX_HW_QUEUES); lazy module loading loads a kernel at its first launch, which can
+#: synchronize the device while a rank's stream is parked on a peer's flag (a hang seen on
+#: the H200, 2026-12-02).
+EMULATED_RANKS_CUDA_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "CUDA_MODULE_LOADING": "EAGER"}
+
+
+def prepare_cuda_for_emulated_ranks(environ: dict[str, str] | None = None) -> None:
+    """Set :data:`EMULATED_RANKS_CUDA_ENV` where unset. Only effective before CUDA
+    initializes: call it at a tool's start, before anything touches ``torch.cuda``."""
+    env = os.environ if environ is None else environ
+    for name, value in EMULATED_RANKS_CUDA_ENV.items():
+        env.setdefault(name, value)
 
 
 def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

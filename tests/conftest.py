@@ -9,7 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backends import envs
 from backends.cpu_world import CpuWorldPool
+
+envs.prepare_cuda_for_emulated_ranks()  # the GPU tests drive emulated ranks; before CUDA starts
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import backends
 import overlap
 import world_jobs
 from backends.world import single_world
@@ -51,6 +52,36 @@ def test_decode_path_captures_in_a_cuda_graph_and_replays_correctly():
         torch.cuda.synchronize()
         assert torch.equal(static_out, torch.mm(new_x, w.t()))
     assert rt._lanes is None
+
+
+@pytest.mark.parametrize("backend", backends.names())
+def test_decode_path_of_every_backend_captures_and_replays_correctly(backend):
+    world = single_world("cuda:0")
+    reason = backends.get(backend).unsupported_reason(world)
+    if reason is not None:
+        pytest.skip(f"{backend}: {reason}")
+    rt = overlap.build(world, OverlapSettings(True, backend, 64, 4))
+    peer = (world.memory.allocations, world.memory.allocated_bytes)
+    x, w = inputs(63, cols=512)
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        overlap.forward(rt, static_x, w, None, "bf16")  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = overlap.forward(rt, static_x, w, None, "bf16")
+    for seed in range(1, 6):
+        new_x, _ = inputs(63, cols=512, seed=seed)
+        static_x.copy_(new_x)
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, torch.mm(new_x, w.t())), seed
+    assert rt._lanes is None and rt.scratch.growths == 0
+    assert (world.memory.allocations, world.memory.allocated_bytes) == peer
+    rt.close()
 
 
 def test_growth_during_capture_is_refused():

@@ -2,14 +2,10 @@
 under the Triton interpreter, and W emulated ranks on one GPU (marked ``gpu``)."""
 
 import importlib.util
-import os
 import random
 import time
 
-# Every emulated rank's kernel spins on its own stream; streams sharing one of the
-# driver's hardware queues could serialize them (default 8 queues).
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-
+# conftest.py sets the CUDA driver variables emulated ranks need (envs.EMULATED_RANKS_CUDA_ENV).
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

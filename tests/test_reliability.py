@@ -1,4 +1,4 @@
-"""Faults and steady state in real CPU worlds: dead ranks, missing peers, soak, decode path."""
+"""Faults and steady state: dead ranks, missing peers and resync, soak (CPU worlds and\nemulated ranks on one GPU), the decode path per backend."""
 
 import os
 import sys
@@ -65,7 +65,17 @@ def test_soak_2000_calls_every_result_correct_and_memory_flat(cpu_world, backend
         pytest.skip(f"{backend}: {r['skipped']}")
     assert r["calls"] == 2000
     assert r["mismatches"] == []
-    assert r["scratch_after_warmup"] == r["scratch_final"]
+    assert r["memory_after_warmup"] == r["memory_final"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", world_jobs.waiting_backends())
+def test_emulated_soak_on_one_gpu_correct_and_memory_flat(backend):
+    # Every call sliced (M in 1..4096), 2 emulated ranks; cuda reserved/allocated included.
+    r = soak.emulated_soak(backend, 2, torch.device("cuda", 0), 1000, 300.0, 4096, 512, 128,
+                           4, seed=7)
+    assert r["calls"] == 1000 and r["mismatches"] == []
+    assert r["memory_after_warmup"] == r["memory_final"]
 
 
 @pytest.mark.parametrize("backend", world_jobs.waiting_backends())

@@ -2,14 +2,10 @@
 in pinned host memory), the Triton reduce, the bounded missing-peer check, and the proof
 that the transport progresses with every SM held."""
 
-import os
 import random
 import time
 
-# Every emulated rank blocks its own stream on wait-value ops; streams that share one of
-# the driver's hardware queues would block each other (default 8 queues).
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-
+# conftest.py sets the CUDA driver variables emulated ranks need (envs.EMULATED_RANKS_CUDA_ENV).
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -131,6 +127,20 @@ def test_missing_peer_is_reported_and_the_gpu_released(release):
         bes[0].check()
     assert time.monotonic() - start < 1.5
     stream.synchronize()  # released: returns
+    for be in bes:  # back in step: a full call is right again
+        be.resync()
+    xs = [jobs.make_input(9, 0, r, 8, 64).to(DEV) for r in range(2)]
+    outs = [torch.full_like(x, float("nan")) for _ in bes]
+    streams = [torch.cuda.Stream(DEV) for _ in bes]
+    for be, s, xr, o in zip(bes, streams, xs, outs):
+        s.wait_stream(torch.cuda.current_stream(DEV))
+        with torch.cuda.stream(s):
+            be.all_reduce(xr, o)
+    for be in bes:
+        be.check()
+    torch.cuda.synchronize(DEV)
+    ref = jobs.bits(jobs.reference(9, 0, 2, 8, 64))
+    assert all(torch.equal(jobs.bits(o.cpu()), ref) for o in outs)
 
 
 def test_triton_reduce_on_the_gpu_is_bit_exact_with_two_outputs():

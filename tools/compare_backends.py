@@ -21,16 +21,7 @@ import os
 import platform
 import sys
 
-# W emulated ranks each own a stream that may park on a stream wait-value; with the
-# default 8 hardware connections, streams sharing one queue block each other (seen on
-# the H200 while building sdma). Must be set before CUDA initializes; ROCm's equivalent
-# is GPU_MAX_HW_QUEUES.
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-# Lazy module loading would load a kernel at its first launch, which can synchronize the
-# device while an emulated rank's stream is parked on a peer's flag: load eagerly.
-os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,6 +29,8 @@ import backends  # noqa: E402
 from backends import envs  # noqa: E402
 import report  # noqa: E402
 from world_measure import Case, measure  # noqa: E402
+
+envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 
 # CPU worlds run the same protocol at sizes two cores finish in minutes; GPU runs use the
 # prefill shapes of DESIGN 4 (N=5120, K=4352: the seed model's down_proj per rank).

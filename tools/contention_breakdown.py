@@ -17,17 +17,17 @@ import math
 import os
 import sys
 
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # see compare_backends.py
-os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # see compare_backends.py
-
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import backends  # noqa: E402
 import gpu_timing  # noqa: E402
+from backends import envs  # noqa: E402
 from backends.copy_engine import CopyEngine  # noqa: E402
 from backends.world import emulated_worlds  # noqa: E402
+
+envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Check the sdma backend's GPU building blocks on one GPU and time its transport.
 
-    CUDA_DEVICE_MAX_CONNECTIONS=32 python tools/gpu_check_sdma.py [--json OUT.json]
+    python tools/gpu_check_sdma.py [--json OUT.json]
 
 1. stream memory operations through cuda-bindings: write-value to pinned host and to
    device memory; a wait-value on a pinned host flag released by the host; a wait-value
@@ -20,17 +20,17 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from backends import cu_free_check  # noqa: E402
+from backends import cu_free_check, envs  # noqa: E402
 from backends.copy_engine import CopyEngine  # noqa: E402
 from backends.sdma import SdmaBackend  # noqa: E402
 from backends.signals import PASSIVE_EPOCH  # noqa: E402
 from backends.world import emulated_worlds  # noqa: E402
 
+envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 DEV = torch.device("cuda", 0)
 
 

@@ -7,7 +7,7 @@ set -uo pipefail
 out=${1:?usage: tools/gpu_session.sh OUT_DIR [compare flags...]}
 shift
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/summary.log" 2>&1
 # One pytest process per file: a CUDA error in one file cannot poison the next.
 for f in $(grep -l "mark.gpu" tests/test_*.py); do
