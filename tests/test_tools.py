@@ -38,6 +38,9 @@ def test_errors_against_float64():
     rel, max_abs = metrics.errors(res, ref)
     assert max_abs == pytest.approx(0.5)
     assert rel == pytest.approx(math.sqrt(0.25 / 8) / math.sqrt((ref ** 2).mean().item()))
+    work = torch.full_like(ref, float("nan"))
+    assert metrics.errors(res.to(torch.bfloat16), ref, work) == metrics.errors(
+        res.to(torch.bfloat16), ref)  # the in-place form computes the same numbers
     assert metrics.errors(torch.zeros(2, 2), torch.zeros(2, 2)) == (0.0, 0.0)
     with pytest.raises(ValueError, match="reference"):
         metrics.errors(torch.zeros(2, 2), torch.zeros(2, 3))

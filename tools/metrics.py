@@ -58,4 +58,4 @@ def errors(result: torch.Tensor, reference: torch.Tensor,
     ref_rms = torch.linalg.vector_norm(reference.double()).item() / math.sqrt(max(reference.numel(), 1))
     rms = torch.linalg.vector_norm(diff).item() / math.sqrt(max(diff.numel(), 1))
     rel = rms / ref_rms if ref_rms > 0 else (0.0 if rms == 0 else math.inf)
-    return rel, diff.abs().max().item()
+    return rel, (diff.abs() if work is None else diff.abs_()).max().item()
