@@ -57,11 +57,8 @@ def test_a_world_the_backend_cannot_serve_is_refused_with_the_reason(cpu_world, 
 
 @pytest.mark.parametrize("backend", backends.names())
 def test_every_backend_refuses_bad_slices_untouched_and_stays_in_step(cpu_world, backend):
-    res = cpu_world(2).run(world_jobs.bad_slices_job, backend)
-    if "skipped" in res[0]:
-        pytest.skip(f"{backend}: {res[0]['skipped']}")
+    res = world_jobs.run_where_served(cpu_world(2), world_jobs.bad_slices_job, backend)
     for rank, r in enumerate(res):
         wrong = {label: e for label, e in r["errors"].items() if e is not True}
         assert not wrong, (rank, wrong)
-        assert world_jobs.rel_rms(r["out"], r["ref"]) <= r["bound"], rank
-        assert torch.equal(r["out"], res[0]["out"]), rank
+    world_jobs.assert_right_on_every_rank(res)

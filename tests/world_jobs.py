@@ -141,6 +141,24 @@ def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
 
 
+def run_where_served(pool, job, backend: str, *args) -> list:
+    """``pool.run(job, backend, *args)``; skips the test with the gate's reason when the
+    job reports that ``backend`` cannot serve the pool's world."""
+    import pytest
+
+    res = pool.run(job, backend, *args)
+    if "skipped" in res[0]:
+        pytest.skip(f"{backend}: {res[0]['skipped']}")
+    return res
+
+
+def assert_right_on_every_rank(res: list[dict]) -> None:
+    """Each rank's ``out`` within its ``bound`` of ``ref`` and the same bits as rank 0's."""
+    for rank, r in enumerate(res):
+        assert rel_rms(r["out"], r["ref"]) <= r["bound"], rank
+        assert torch.equal(r["out"], res[0]["out"]), rank
+
+
 def slice_input(seed: int, rank: int, rows: int, cols: int) -> torch.Tensor:
     """An all_reduce input of ``rank``: the ``x`` of a ``shard`` with K = cols."""
     return shard(seed, rank, rows, 1, cols)[0]
