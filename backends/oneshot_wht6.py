@@ -202,7 +202,8 @@ class OneshotWht6Backend(Backend):
         """Collective, after a :class:`PeerTimeoutError`: put every rank back in step.
 
         Every rank's epoch (and flags) jumps to the largest epoch any rank reached; no
-        call may be in flight on any rank (call :meth:`check` first on the GPU)."""
+        call may be in flight on any rank (GPU: call :meth:`check` on EVERY rank first;
+        the kernel's spin is bounded, so every call does finish)."""
         if self.world.size == 1:
             return
         mem = self.world.memory

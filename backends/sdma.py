@@ -251,10 +251,19 @@ class SdmaBackend(Backend):
             self.signals.check(timeout_ms)
 
     def resync(self) -> None:
-        """Collective (see :meth:`Backend.resync`). GPU: call :meth:`check` first, so the
-        failed call's stream was released (emulated world) and has finished."""
+        """Collective (see :meth:`Backend.resync`). Emulated world: call :meth:`check` on
+        EVERY rank first (it releases a stream blocked on a missing peer; the device sync
+        here waits for every rank's streams). Refused in a gpu-symm world, on every rank:
+        there the flags are device memory, ``check`` cannot release a blocked stream, and
+        the sync here would wait forever for a peer that never comes (a late peer lets
+        the call finish and the ranks stay in step, so nothing needs resyncing)."""
         if self.signals is None:
             return
+        if self.world.kind == "gpu-symm":
+            raise RuntimeError(
+                f"{self.name}.resync: not possible in a gpu-symm world: a stream waiting on a "
+                "peer's device-memory flag cannot be released; if the peer never comes, "
+                "restart the job (a late peer completes the call, leaving the ranks in step)")
         if self.world.device.type == "cuda":
             torch.cuda.synchronize(self.world.device)
         self.signals.resync(self.world.memory.barrier)

@@ -1,4 +1,5 @@
-"""The op on one GPU (one-rank world): pipeline bits, graph capture, growth refusal, memory."""
+"""The op on one GPU (one-rank world): pipeline bits, graph capture, growth refusal, memory;
+and every waiting backend refusing growth in capture (two emulated ranks)."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch
 import backends
 import overlap
 import world_jobs
-from backends.world import single_world
+from backends.world import emulated_worlds, single_world
 from overlap.config import OverlapSettings
 
 pytestmark = pytest.mark.gpu
@@ -73,6 +74,36 @@ def test_growth_during_capture_is_refused():
             overlap.forward(rt, x, w, None, "bf16")
     torch.cuda.synchronize()
     assert torch.equal(overlap.forward(rt, x, w, None, "bf16"), torch.mm(x, w.t()))
+
+
+@pytest.mark.parametrize("backend", world_jobs.waiting_backends())
+def test_backend_growth_during_capture_is_refused_and_the_buffers_stay(backend):
+    # Two emulated ranks: peer-visible buffers in pinned host memory, as in the compare tool.
+    bes = [backends.get(backend)(w) for w in emulated_worlds(2, torch.device("cuda", 0))]
+    for be in bes:
+        be.ensure_capacity(8, 256, torch.bfloat16)
+    torch.cuda.synchronize()
+    capacity = [be.capacity for be in bes]
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="during CUDA-graph capture"):
+        with torch.cuda.graph(graph):
+            bes[0].ensure_capacity(64, 256, torch.bfloat16)
+    assert [be.capacity for be in bes] == capacity
+    xs = [world_jobs.slice_input(8, r, 8, 256).cuda() for r in range(2)]
+    outs = [torch.full_like(x, float("nan")) for x in xs]
+    streams = [torch.cuda.Stream() for _ in bes]
+    for be, s, x, out in zip(bes, streams, xs, outs):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            be.all_reduce(x, out)
+    for be in bes:
+        be.check()
+    torch.cuda.synchronize()
+    world_jobs.assert_right_on_every_rank(
+        [{"out": o.cpu(), "ref": world_jobs.inputs_sum(8, 2, 8, 256), "bound": be.rel_rms_bound}
+         for o, be in zip(outs, bes)])
+    for be in bes:
+        be.close()
 
 
 def test_memory_flat_over_5000_calls_of_random_m():

@@ -1,4 +1,5 @@
-"""Faults and steady state: dead ranks, missing peers and resync, soak (CPU worlds and\nemulated ranks on one GPU), the decode path per backend."""
+"""Faults and steady state: dead ranks, missing peers and resync, soak (CPU worlds and
+emulated ranks on one GPU), the decode path per backend."""
 
 import os
 import sys

@@ -193,3 +193,14 @@ def test_flags_epochs_and_the_bounded_spin():
     assert s0.peer_value(1, "done") == PASSIVE_EPOCH
     with pytest.raises(ValueError, match="slot 'go'"):
         s0.post("go", 1)
+
+
+def test_resync_is_refused_in_a_gpu_symm_world():
+    # Device-memory flags: a stream blocked on a missing peer cannot be released, so a
+    # resync there would wait forever; every rank refuses alike (by world kind).
+    be = SdmaBackend.__new__(SdmaBackend)
+    be.world = World(0, 2, torch.device("cuda", 0), memory=None)
+    be.world.memory = type("Symm", (), {"kind": "gpu-symm"})()
+    be.signals = object()
+    with pytest.raises(RuntimeError, match="gpu-symm world.*restart the job"):
+        be.resync()

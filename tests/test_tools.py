@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 import compare_backends  # noqa: E402
 import metrics  # noqa: E402
 import report  # noqa: E402
+import soak  # noqa: E402
 
 
 def test_hidden_fraction_endpoints():
@@ -41,6 +42,9 @@ def test_errors_against_float64():
     work = torch.full_like(ref, float("nan"))
     assert metrics.errors(res.to(torch.bfloat16), ref, work) == metrics.errors(
         res.to(torch.bfloat16), ref)  # the in-place form computes the same numbers
+    for bad_work in (work[:1], work.float(), ref):
+        with pytest.raises(ValueError, match="work must be a float64 tensor"):
+            metrics.errors(res, ref, bad_work)
     assert metrics.errors(torch.zeros(2, 2), torch.zeros(2, 2)) == (0.0, 0.0)
     with pytest.raises(ValueError, match="reference"):
         metrics.errors(torch.zeros(2, 2), torch.zeros(2, 3))
@@ -111,3 +115,11 @@ def test_cases_cover_backends_rows_and_slices():
     cases = compare_backends.cases(args, "cpu")
     # stock is never sliced: one case per M
     assert [(c.backend, c.rows, c.slices) for c in cases] == [("stock", 64, 1), ("stock", 128, 1)]
+
+
+def test_soak_loop_counts_nan_and_wrong_bits_as_mismatches():
+    results = iter([(0.0, True)] * 2 + [(math.nan, True), (0.5, True), (0.0, False), (0.0, True)])
+    r = soak.soak_loop(lambda rows: next(results), lambda: (0,), lambda mine: False, 0.1,
+                       calls=4, warmup=2, seconds=60.0, max_m=8, seed=0)
+    assert r["calls"] == 4 and [m["call"] for m in r["mismatches"]] == [0, 1, 2]
+    assert r["memory_after_warmup"] == r["memory_final"] == (0,)

@@ -120,19 +120,21 @@ def missing_peer_then_resync_job(world: World, backend: str, timeout_ms: float) 
     rows, cols = 4, 256  # 256 columns: one block of the wht6 codec
     be.ensure_capacity(rows, cols, torch.bfloat16)
     res = {"elapsed": None, "message": None}
-    if world.rank == 0:
-        x = slice_input(1, 0, rows, cols)
-        start = time.monotonic()
-        try:
-            be.all_reduce(x, torch.empty_like(x))
-        except PeerTimeoutError as e:
-            res["message"] = str(e)
-        res["elapsed"] = time.monotonic() - start
-    dist.barrier(group=world.group)
-    be.resync()
-    res["out"] = good_call(be, world, seed=2, rows=rows, cols=cols)
+    try:
+        if world.rank == 0:
+            x = slice_input(1, 0, rows, cols)
+            start = time.monotonic()
+            try:
+                be.all_reduce(x, torch.empty_like(x))
+            except PeerTimeoutError as e:
+                res["message"] = str(e)
+            res["elapsed"] = time.monotonic() - start
+        dist.barrier(group=world.group)
+        be.resync()
+        res["out"] = good_call(be, world, seed=2, rows=rows, cols=cols)
+    finally:
+        be.close()
     res["ref"], res["bound"] = inputs_sum(2, world.size, rows, cols), be.rel_rms_bound
-    be.close()
     return res
 
 
@@ -192,7 +194,9 @@ BAD_SLICES = [
 def bad_slices_job(world: World, backend: str) -> dict:
     """Every rank makes each bad call of ``BAD_SLICES`` (and, for a backend with buffers,
     one over its capacity): each must raise, leave the poisoned ``out`` and the input
-    untouched, and leave the ranks in step, so that a good call after them is right."""
+    untouched, and move neither the call numbering nor any flag (every rank making the
+    same bad calls would stay in step even if one did, so that is checked directly);
+    then a good call must be right."""
     import backends
 
     reason = backends.get(backend).unsupported_reason(world)
@@ -207,8 +211,16 @@ def bad_slices_job(world: World, backend: str) -> dict:
         big = slice_input(4, world.rank, 64 * rows, cols)
         cases.append(("rows over capacity", lambda x, o: (big, torch.full_like(big, float("nan"))),
                       ValueError, "ensure_capacity"))
+    def protocol():
+        from backends.signals import SLOTS
+
+        sig = getattr(be, "signals", None)
+        return None if sig is None else (sig.epoch, [sig.peer_value(p, s) for p in
+                                                     range(world.size) for s in SLOTS])
+
     errors = {}
     for label, make, error, words in cases:
+        before_protocol = protocol()
         out = torch.full_like(x, float("nan"))
         bad_in, bad_out = make(x.clone(), out)
         before = bad_in.clone() if bad_in.device.type != "meta" else None
@@ -222,6 +234,9 @@ def bad_slices_job(world: World, backend: str) -> dict:
             untouched &= bool(bad_out.isnan().all())
         if not untouched:
             errors[label] = "wrote into out or its input"
+        if protocol() != before_protocol:
+            errors[label] = f"moved the epoch or a flag: {before_protocol} -> {protocol()}"
+    world.memory.barrier()  # no rank's good call below may post while a peer still checks
     res = {"errors": errors, "out": good_call(be, world, seed=5, rows=rows, cols=cols),
            "ref": inputs_sum(5, world.size, rows, cols), "bound": be.rel_rms_bound}
     be.close()
@@ -232,9 +247,10 @@ STREAM_APIS = ("Stream", "Event", "ExternalStream")
 
 
 def decode_path_job(world: World, backend: str, min_m: int = 64) -> dict:
-    """The op below MIN_M with ``backend`` selected: results, whether it made a stream or
-    event (each of ``STREAM_APIS`` is replaced by a recorder meanwhile) and whether it grew
-    any buffer (scratch, peer-visible memory, the lanes)."""
+    """The op below MIN_M with ``backend`` selected: results, whether it grew any buffer
+    (scratch, peer-visible memory) or made its lanes (streams and events: on a CPU world
+    ``Lanes`` makes none even when made, so the lanes check is the one that bites here),
+    and whether it called one of ``STREAM_APIS`` (replaced by recorders meanwhile)."""
     import backends
 
     reason = backends.get(backend).unsupported_reason(world)

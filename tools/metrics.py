@@ -51,6 +51,10 @@ def errors(result: torch.Tensor, reference: torch.Tensor,
     allocator)."""
     if result.shape != reference.shape:
         raise ValueError(f"errors: result {tuple(result.shape)} vs reference {tuple(reference.shape)}")
+    if work is not None and (work.shape != reference.shape or work.dtype != torch.float64
+                             or work.data_ptr() == reference.data_ptr()):
+        raise ValueError(f"errors: work must be a float64 tensor of shape "
+                         f"{tuple(reference.shape)} apart from the reference")
     if work is None:
         diff = result.double() - reference.double()
     else:

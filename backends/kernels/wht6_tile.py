@@ -78,8 +78,9 @@ def hadamard32(DTYPE: tl.constexpr):
 @triton.jit
 def _dot_h(piece, h, acc, DOT_FP32: tl.constexpr):
     # DOT_FP32 is the Triton interpreter's path (its bf16 dot is wrong). It sums in fp64
-    # (exact for the 32 products of +-1 and a bf16 value plus an fp32 acc unless they span
-    # over 2**29) and rounds once to fp32: numpy's fp32 matmul rounds in an order that
+    # (the 32 products of +-1 and a bf16 value sum exactly unless they span over 2**40;
+    # adding the fp32 acc is one rounding) and rounds once to fp32: numpy's fp32 matmul
+    # rounds in an order that
     # depends on the tile's row count (BLAS kernels differ), which made the fused one-shot
     # kernel (64 sub-blocks a tile) and decode_accumulate (16) differ by an ulp (numpy 2.4).
     if DOT_FP32:
