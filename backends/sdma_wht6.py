@@ -55,11 +55,15 @@ class SdmaWht6Backend(SdmaBackend):
     def _warm_codec(self, cols: int, dtype: torch.dtype) -> None:
         """Compile and load the codec kernels now, for the reason given in
         :func:`backends.kernels.reduce_sum.warm_up` (a first module load can synchronize
-        the device while an emulated rank's stream waits on a flag)."""
+        the device while an emulated rank's stream waits on a flag). Triton compiles one
+        variant per divisibility of ``n_sub = rows * cols / 32`` by 16: 1 and 2 rows give
+        both where both exist (the H200 hung in a test at 8 x 256 when only 1 row was
+        warmed: decode_accumulate compiled while rank 0's stream waited on rank 1)."""
         refuse_growth_in_capture("sdma_wht6 codec warm-up", self.world.device)
-        x = torch.zeros(1, cols, dtype=dtype, device=self.world.device)
-        payload = wht6.encode(x)
-        wht6.decode_accumulate([payload] * self.world.size, (1, cols), dtype)
+        for rows in (1, 2):
+            x = torch.zeros(rows, cols, dtype=dtype, device=self.world.device)
+            payload = wht6.encode(x)
+            wht6.decode_accumulate([payload] * self.world.size, (rows, cols), dtype)
         torch.cuda.synchronize(self.world.device)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
