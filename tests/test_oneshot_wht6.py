@@ -37,7 +37,7 @@ def test_accurate_identical_and_wire_bytes(cpu_world, size):
             ref = jobs.reference(11, call, size, rows, cols)
             for r, out in enumerate(outs):
                 assert not torch.isnan(out).any(), (size, rows, cols, r)  # every element written
-                assert jobs.rel_err(out, ref) < BOUND, (size, rows, cols, r)
+                assert world_jobs.rel_rms(out, ref) < BOUND, (size, rows, cols, r)
                 assert torch.equal(jobs.bits(out), jobs.bits(outs[0])), (size, rows, cols, r)
             # Bytes moved: each rank read every peer's payload of every slice once.
             bounds = slice_bounds(rows, slices)
@@ -67,7 +67,7 @@ def test_through_the_overlap_op(cpu_world, size):
     for r, outs in enumerate(per_rank):
         assert len(outs) == 2 * len(slice_counts)
         for i, out in enumerate(outs):
-            assert jobs.rel_err(out, ref) < BOUND, (r, slice_counts[i // 2])
+            assert world_jobs.rel_rms(out, ref) < BOUND, (r, slice_counts[i // 2])
             # Same slicing, any rank, any repetition: the same bits.
             assert torch.equal(jobs.bits(out), jobs.bits(per_rank[0][i - i % 2])), (r, i)
 
@@ -202,7 +202,7 @@ def test_emulated_ranks_accurate_identical_exact_and_no_stale_flags(size):
         ref = jobs.reference(7, call, size, rows, cols)
         for r, out in enumerate(outs):
             assert not torch.isnan(out).any(), (call, rows, cols, r)
-            assert jobs.rel_err(out, ref) < BOUND, (call, rows, cols, r)
+            assert world_jobs.rel_rms(out, ref) < BOUND, (call, rows, cols, r)
             assert torch.equal(jobs.bits(out), jobs.bits(outs[0])), (call, rows, cols, r)
         # The fused kernel computes what the codec's own kernels compute, bit for bit.
         want = torch.cat([jobs.codec_result([x[a:b] for x in xs])
@@ -240,7 +240,7 @@ def test_cuda_graph_replays_stay_correct(size):
             be.check(10_000)
         ref = jobs.reference(9, call, size, rows, cols)
         for r, out in enumerate(outs):
-            assert jobs.rel_err(out, ref) < BOUND, (call, r)
+            assert world_jobs.rel_rms(out, ref) < BOUND, (call, r)
             assert torch.equal(jobs.bits(out), jobs.bits(outs[0])), (call, r)
 
 
@@ -264,7 +264,7 @@ def test_missing_peer_raises_within_the_bound_and_the_gpu_keeps_working():
     outs = [torch.full_like(x, float("nan")) for _ in bes]
     xs = [jobs.make_input(3, 0, r, 8, 512).to(DEV) for r in range(2)]
     _run_all(bes, streams, xs, outs, [0, 8])
-    assert all(jobs.rel_err(o, jobs.reference(3, 0, 2, 8, 512)) < BOUND for o in outs)
+    assert all(world_jobs.rel_rms(o, jobs.reference(3, 0, 2, 8, 512)) < BOUND for o in outs)
 
 
 @pytest.mark.gpu
@@ -285,7 +285,7 @@ def test_emulated_ranks_through_the_op():
             rt.backend.check(10_000)
         torch.cuda.synchronize(DEV)
         for r, out in enumerate(outs):
-            assert jobs.rel_err(out, ref) < BOUND, (s, r)
+            assert world_jobs.rel_rms(out, ref) < BOUND, (s, r)
             assert torch.equal(jobs.bits(out.cpu()), jobs.bits(outs[0].cpu())), (s, r)
         for rt in rts:
             rt.close()

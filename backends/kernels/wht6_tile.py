@@ -79,10 +79,10 @@ def hadamard32(DTYPE: tl.constexpr):
 def _dot_h(piece, h, acc, DOT_FP32: tl.constexpr):
     # DOT_FP32 is the Triton interpreter's path (its bf16 dot is wrong). It sums in fp64
     # (the 32 products of +-1 and a bf16 value sum exactly unless they span over 2**40;
-    # adding the fp32 acc is one rounding) and rounds once to fp32: numpy's fp32 matmul
-    # rounds in an order that
-    # depends on the tile's row count (BLAS kernels differ), which made the fused one-shot
-    # kernel (64 sub-blocks a tile) and decode_accumulate (16) differ by an ulp (numpy 2.4).
+    # adding the fp32 acc is one rounding) and rounds once to fp32. numpy's fp32 matmul
+    # rounds in an order that depends on the tile's row count (BLAS kernels differ), which
+    # made the fused one-shot kernel (64 sub-blocks a tile) and decode_accumulate (16)
+    # differ by an ulp (numpy 2.4).
     if DOT_FP32:
         return tl.dot(piece.to(tl.float64), h.to(tl.float64), acc.to(tl.float64),
                       input_precision="ieee").to(tl.float32)
