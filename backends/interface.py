@@ -64,8 +64,6 @@ class Backend(abc.ABC):
     pipelined: ClassVar[bool] = True
     #: the producer GEMM writes straight into ``input_view`` (peer-visible memory)
     peer_visible_input: ClassVar[bool] = False
-    #: interior slice bounds must be multiples of this many rows
-    row_align: ClassVar[int] = 1
 
     def __init__(self, world: World):
         reason = self.unsupported_reason(world)
@@ -76,6 +74,13 @@ class Backend(abc.ABC):
     @classmethod
     def unsupported_reason(cls, world: World) -> str | None:
         """Pure gate: ``None`` if this backend can serve ``world``, else the reason why not."""
+        return None
+
+    @classmethod
+    def unsupported_cols_reason(cls, cols: int) -> str | None:
+        """Pure gate on the width of the reduced tensor: ``None`` if this backend can
+        reduce rows of ``cols`` values, else why not (the vLLM installer asks it, so a
+        layer the backend would refuse at its first prefill stays stock)."""
         return None
 
     @abc.abstractmethod

@@ -48,7 +48,7 @@ import time
 
 import torch
 
-from backends import envs
+from backends import envs, wht6
 from backends.interface import SUPPORTED_DTYPES, Backend, check_slice, refuse_growth_in_capture
 from backends.registry import register
 from backends.signals import FLAG_BYTES, CpuSignals, PeerTimeoutError
@@ -61,10 +61,10 @@ _KINDS = ("cpu-shm", "gpu-symm", "gpu-emulated", "single")
 
 
 def _check_cols(where: str, cols: int) -> None:
-    if cols % 256:
-        raise ValueError(f"{where}: cols = {cols} is not a multiple of 256, the wht6 codec's "
-                         "block (pad N to a multiple of 256, or choose a backend without "
-                         "the codec)")
+    reason = wht6.cols_reason(cols)
+    if reason is not None:
+        raise ValueError(f"{where}: cols {reason} (pad N to a multiple of 256, or choose a "
+                         "backend without the codec)")
 
 
 def _flag_bytes(ctas: int) -> int:
@@ -126,6 +126,10 @@ class OneshotWht6Backend(Backend):
             if importlib.util.find_spec("triton") is None:
                 return "the fused kernel needs Triton (pip install triton)"
         return None
+
+    @classmethod
+    def unsupported_cols_reason(cls, cols: int) -> str | None:
+        return wht6.cols_reason(cols)
 
     # ------------------------------------------------------------------ contract
 

@@ -41,6 +41,10 @@ class SdmaWht6Backend(SdmaBackend):
         super().__init__(world, schedule="oneshot", spin_timeout_ms=spin_timeout_ms)
         self.cols = 0  # columns of the last ensure_capacity (payload layout for timing)
 
+    @classmethod
+    def unsupported_cols_reason(cls, cols: int) -> str | None:
+        return wht6.cols_reason(cols)
+
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
         return (world_size - 1) * numel * 25 // 32 if world_size > 1 else 0
 

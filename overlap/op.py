@@ -72,7 +72,7 @@ def forward(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
     backend.ensure_capacity(rows, cols, out.dtype)
     y = (backend.input_view(rows, cols, out.dtype) if backend.peer_visible_input
          else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
-    bounds = slice_bounds(rows, rt.settings.slices, backend.row_align)
+    bounds = slice_bounds(rows, rt.settings.slices)
     run_sliced(prepared, prod, backend, y, out, bounds, rt.lanes())
     return out
 

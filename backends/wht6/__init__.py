@@ -107,9 +107,17 @@ def payload_shape(rows: int, cols: int) -> tuple:
     return rows, reference.payload_bytes_per_row(cols)
 
 
+def cols_reason(cols) -> str | None:
+    """Pure gate: ``None`` if rows of ``cols`` values can be coded, else why not."""
+    if not isinstance(cols, int) or isinstance(cols, bool) or cols <= 0 or cols % BLOCK:
+        return f"must be a positive multiple of {BLOCK} (the wht6 block), got {cols!r}"
+    return None
+
+
 def _check_cols(name: str, cols) -> None:
-    if not isinstance(cols, int) or cols <= 0 or cols % BLOCK:
-        raise ValueError(f"{name} must be a positive multiple of {BLOCK} (the wht6 block), got {cols!r}")
+    reason = cols_reason(cols)
+    if reason is not None:
+        raise ValueError(f"{name} {reason}")
 
 
 def _check_values(name: str, t, shape=None, dtype=None) -> None:
