@@ -15,6 +15,7 @@ settings that emulated ranks need are set here, by :func:`prepare_cuda_for_emula
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -29,34 +30,55 @@ class Knob:
 
 
 def parse_bool(name: str, raw: str) -> bool:
-    if raw in ("1", "true", "True"):
+    text = raw.strip()
+    if text in ("1", "true", "True"):
         return True
-    if raw in ("0", "false", "False", ""):
+    # An empty (or blank) value is off: ``VAR=`` in a launcher script means "not set".
+    if text in ("0", "false", "False", ""):
         return False
     raise ValueError(f"{name}={raw!r}: expected 0 or 1")
 
 
-def _int_at_least(minimum: int) -> Callable[[str, str], int]:
+def _range_text(lo: float, hi: float | None) -> str:
+    return f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
+
+
+def _int_in(lo: int, hi: int | None = None) -> Callable[[str, str], int]:
+    """Parser of an integer knob in ``[lo, hi]`` (``hi`` None: no upper bound)."""
+    expected = f"expected an integer {_range_text(lo, hi)}, in ASCII digits"
+
     def parse(name: str, raw: str) -> int:
+        text = raw.strip()
+        # Only 0-9: int() alone would also take "1_0", "+3" and non-ASCII digits ("١٠"),
+        # which no one means to write into a launcher script.
+        if not (text.isascii() and text.isdigit()):
+            raise ValueError(f"{name}={raw!r}: {expected}")
         try:
-            value = int(raw.strip())
-        except ValueError:
-            raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum}") from None
-        if value < minimum:
-            raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum}")
+            value = int(text)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            raise ValueError(f"{name}={raw!r}: {expected}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise ValueError(f"{name}={raw!r}: {expected}")
         return value
 
     return parse
 
 
-def _float_above(minimum: float) -> Callable[[str, str], float]:
+def _float_in(lo: float, hi: float) -> Callable[[str, str], float]:
+    """Parser of a finite number knob in ``[lo, hi]``."""
+    expected = f"expected a finite number {_range_text(lo, hi)}"
+
     def parse(name: str, raw: str) -> float:
+        text = raw.strip()
+        # Same spelling rule as the integers: float() also takes "1_0" and non-ASCII digits.
+        if not text.isascii() or "_" in text:
+            raise ValueError(f"{name}={raw!r}: {expected}")
         try:
-            value = float(raw.strip())
+            value = float(text)
         except ValueError:
-            raise ValueError(f"{name}={raw!r}: expected a number > {minimum:g}") from None
-        if not value > minimum or value != value or value == float("inf"):
-            raise ValueError(f"{name}={raw!r}: expected a finite number > {minimum:g}")
+            raise ValueError(f"{name}={raw!r}: {expected}") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise ValueError(f"{name}={raw!r}: {expected}")
         return value
 
     return parse
@@ -64,9 +86,10 @@ def _float_above(minimum: float) -> Callable[[str, str], float]:
 
 def _choice(*choices: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
-        if raw not in choices:
+        text = raw.strip()
+        if text not in choices:
             raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
-        return raw
+        return text
 
     return parse
 
@@ -80,6 +103,18 @@ def _name(name: str, raw: str) -> str:
     return value
 
 
+#: Bounds of RADIANCE_AR_SPIN_TIMEOUT_MS. Below 1 ms calls fail before a healthy peer can
+#: arrive; past 10 minutes a missing peer looks like a hang (1e300 ms is one), which is
+#: what the bound exists to prevent.
+SPIN_TIMEOUT_MS_RANGE = (1.0, 600_000.0)
+#: Upper bounds of the integer knobs, as sanity limits rather than tuned values: at 64
+#: slices a 2048-row prefill is already cut into 32-row slices, each still paying its own
+#: launches and flag waits; 1024 CTAs is several times the SM count of current GPUs (132
+#: on the H200), while oneshot_wht6 is meant to hold few compute units.
+MAX_OVERLAP_SLICES = 64
+MAX_ONESHOT_CTAS = 1024
+
+
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
@@ -87,15 +122,16 @@ KNOBS: dict[str, Knob] = {
              "1 routes eligible RowParallel linears through radiance::linear_ar"),
         Knob("RADIANCE_AR_BACKEND", "stock", _name,
              "all-reduce strategy, a registry name (see backends.names())"),
-        Knob("RADIANCE_AR_OVERLAP_MIN_M", "2048", _int_at_least(1),
-             "rows at/above which the sliced pipeline runs; below it the stock path"),
-        Knob("RADIANCE_AR_OVERLAP_SLICES", "4", _int_at_least(1),
-             "number of row slices of the sliced pipeline"),
-        Knob("RADIANCE_AR_ONESHOT_CTAS", "32", _int_at_least(1),
-             "CTAs (workgroups) the oneshot_wht6 kernel holds; vLLM's custom AR uses 36"),
-        Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", "1000", _float_above(0.0),
-             "longest wait for a peer's flag before a backend reports the peer missing; "
-             "an unbounded spin can wedge an RDNA compute queue (prior-art notes)"),
+        Knob("RADIANCE_AR_OVERLAP_MIN_M", "2048", _int_in(1),
+             "rows at/above which the sliced pipeline runs; below it the stock path (>= 1)"),
+        Knob("RADIANCE_AR_OVERLAP_SLICES", "4", _int_in(1, MAX_OVERLAP_SLICES),
+             "number of row slices of the sliced pipeline (1 to 64)"),
+        Knob("RADIANCE_AR_ONESHOT_CTAS", "32", _int_in(1, MAX_ONESHOT_CTAS),
+             "CTAs (workgroups) the oneshot_wht6 kernel holds (1 to 1024); vLLM's custom AR "
+             "uses 36"),
+        Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", "1000", _float_in(*SPIN_TIMEOUT_MS_RANGE),
+             "longest wait, in ms (1 to 600000), for a peer's flag before a backend reports "
+             "the peer missing; an unbounded spin can wedge an RDNA compute queue (prior-art notes)"),
         Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice("auto", "oneshot", "twoshot"),
              "sdma transfer schedule; auto picks by message size and world size"),
     )

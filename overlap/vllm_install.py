@@ -5,7 +5,8 @@ replaces the layer's forward with one call of the op and sets ``reduce_results``
 the op owns the all-reduce on both of its paths (sliced at M >= MIN_M, stock below),
 so the layer must not reduce a second time. Every other layer is left exactly as vLLM
 built it, and the report says why. :func:`eligibility` decides, from duck-typed
-attributes only, so the selection is testable without vLLM.
+attributes and the configured backend's pure gate on N only, so the selection is
+testable without vLLM.
 
 Enabling the op changes the graph torch.compile traces (vLLM's all-reduce node becomes
 our op), so vLLM's compile cache must be keyed on the flag: see
@@ -23,7 +24,9 @@ from typing import Any, Iterable
 
 import torch
 
+import backends
 import overlap.op  # noqa: F401 -- registers torch.ops.radiance.linear_ar
+from backends.interface import Backend
 from overlap.config import OverlapSettings, from_env
 
 #: a child of vLLM's logger: inside vLLM its lines carry vLLM's format and level
@@ -54,14 +57,19 @@ def producer_for(quant_method: Any) -> str | None:
     return PRODUCERS_BY_QUANT_METHOD.get(type(quant_method).__name__)
 
 
-def eligibility(layer: Any, tp_size: int) -> str | None:
+def eligibility(layer: Any, tp_size: int, backend: type[Backend] | None = None) -> str | None:
     """None if ``layer`` (a RowParallelLinear) can be routed at TP size ``tp_size``, else why not.
 
     Reads only attributes (see ``REQUIRED_ATTRS``; ``tp_size``, ``input_is_parallel`` and
     ``weight`` are optional), so stand-in objects work as well as vLLM's own layers.
+    ``backend`` (a backend class, e.g. ``backends.get(settings.backend)``) is asked whether
+    it can reduce the layer's N output columns; None skips that question.
     """
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ValueError(f"eligibility: tp_size must be an integer >= 1, got {tp_size!r}")
+    if backend is not None and not (isinstance(backend, type) and issubclass(backend, Backend)):
+        raise TypeError(f"eligibility: backend must be a Backend class (backends.get(name)), "
+                        f"got {backend!r}")
     missing = [a for a in REQUIRED_ATTRS if not hasattr(layer, a)]
     if missing:
         raise TypeError(f"eligibility: {type(layer).__name__} has no attribute(s) "
@@ -88,6 +96,14 @@ def eligibility(layer: Any, tp_size: int) -> str | None:
         dtype = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
         return (f"weight is not a plain 2-D (N, K) bf16/fp16/fp32 tensor (shape {shape}, "
                 f"{dtype}), e.g. repacked by the platform's GEMM dispatch")
+    # The op all-reduces (rows, N) slices of the output; a backend that cannot reduce rows
+    # of N values (a codec's block size) would raise at the layer's first prefill, so the
+    # layer stays stock and the summary says which backend refused it.
+    if backend is not None:
+        n = weight.shape[0]
+        reason = backend.unsupported_cols_reason(n)
+        if reason is not None:
+            return f"backend {backend.name}: N = {n} {reason}"
     return None
 
 
@@ -138,10 +154,14 @@ class InstallReport:
 
 def plan(layers: Iterable[tuple[str, Any]], tp_size: int,
          report: InstallReport) -> list[tuple[str, Any, str]]:
-    """(name, layer, producer) for every eligible layer; the rest go into ``report``."""
+    """(name, layer, producer) for every eligible layer; the rest go into ``report``.
+
+    Eligibility includes the backend ``report.settings`` names (its gate on N).
+    """
+    backend = backends.get(report.settings.backend)
     chosen = []
     for name, layer in layers:
-        reason = eligibility(layer, tp_size)
+        reason = eligibility(layer, tp_size, backend)
         if reason is None:
             chosen.append((name, layer, producer_for(layer.quant_method)))
         elif reason == ALREADY_ROUTED:

@@ -1,5 +1,7 @@
 """Every knob: defaults parse, every bad value raises naming the variable and the value."""
 
+import sys
+
 import pytest
 
 import backends
@@ -9,10 +11,10 @@ from overlap.config import OverlapSettings, from_env
 BAD_VALUES = {
     "RADIANCE_AR_OVERLAP": ["2", "yes", "on", " 1x"],
     "RADIANCE_AR_BACKEND": ["", "   ", "nccl", "STOCK"],
-    "RADIANCE_AR_OVERLAP_MIN_M": ["0", "-5", "1.5", "abc", ""],
-    "RADIANCE_AR_OVERLAP_SLICES": ["0", "-1", "four", "2.0", ""],
-    "RADIANCE_AR_ONESHOT_CTAS": ["0", "x", "-3"],
-    "RADIANCE_AR_SPIN_TIMEOUT_MS": ["0", "-1", "nan", "inf", "soon"],
+    "RADIANCE_AR_OVERLAP_MIN_M": ["0", "-5", "1.5", "abc", "", "1_0", "\u0661\u0660"],
+    "RADIANCE_AR_OVERLAP_SLICES": ["0", "-1", "four", "2.0", "", "65", "+4"],
+    "RADIANCE_AR_ONESHOT_CTAS": ["0", "x", "-3", "1025"],
+    "RADIANCE_AR_SPIN_TIMEOUT_MS": ["0", "-1", "nan", "inf", "soon", "1e300", "1e-9"],
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
 }
 
@@ -65,3 +67,95 @@ def test_launcher_and_triton_variables():
         envs.torchrun_local_rank({"LOCAL_RANK": "x"})
     assert envs.triton_interpreter({"TRITON_INTERPRET": "1"})
     assert not envs.triton_interpreter({})
+
+
+# ---------------------------------------------------------------- bounds and spelling
+
+#: (knob, lowest accepted, highest accepted or None, how the error states the range)
+INT_BOUNDS = [
+    ("RADIANCE_AR_OVERLAP_MIN_M", 1, None, "an integer >= 1"),
+    ("RADIANCE_AR_OVERLAP_SLICES", 1, 64, "an integer in [1, 64]"),
+    ("RADIANCE_AR_ONESHOT_CTAS", 1, 1024, "an integer in [1, 1024]"),
+]
+SPIN = "RADIANCE_AR_SPIN_TIMEOUT_MS"
+SPIN_RANGE = "a finite number in [1, 600000]"
+
+
+def _bound_cases():
+    for name, lo, hi, expected in INT_BOUNDS:
+        yield name, str(lo - 1), None, expected
+        yield name, str(lo), lo, expected
+        if hi is None:
+            yield name, "1000000000", 1000000000, expected  # no upper bound
+        else:
+            yield name, str(hi), hi, expected
+            yield name, str(hi + 1), None, expected
+    for raw, value in [("0.999", None), ("1", 1.0), ("600000", 600000.0),
+                       ("600000.001", None), ("1e300", None), ("1e-9", None), ("6e5", 6e5)]:
+        yield SPIN, raw, value, SPIN_RANGE
+
+
+@pytest.mark.parametrize("name,raw,value,expected", list(_bound_cases()))
+def test_numeric_knob_bounds_below_above_and_at_both_ends(name, raw, value, expected):
+    if value is not None:
+        assert envs.get(name, {name: raw}) == value
+        return
+    with pytest.raises(ValueError) as e:
+        envs.get(name, {name: raw})
+    assert str(e.value) == f"{name}={raw!r}: expected {expected}" + (
+        ", in ASCII digits" if name != SPIN else "")
+
+
+@pytest.mark.parametrize("name", [n for n, *_ in INT_BOUNDS])
+@pytest.mark.parametrize("raw", [
+    "1_0",  # int() reads this as 10
+    "\u0661\u0660",  # Arabic-Indic "10": int() reads this too
+    "\uff13",  # fullwidth 3
+    "+3", "3.0", "1e1", "0x10", "1 0",
+])
+def test_integer_knobs_take_only_ascii_digits(name, raw):
+    with pytest.raises(ValueError, match=r"in ASCII digits$") as e:
+        envs.get(name, {name: raw})
+    assert str(e.value).startswith(f"{name}={raw!r}: expected an integer")
+
+
+@pytest.mark.skipif(not hasattr(sys, "get_int_max_str_digits"),
+                    reason="this Python converts digit strings of any length")
+def test_an_integer_too_long_to_convert_is_the_knobs_own_error():
+    raw = "9" * (sys.get_int_max_str_digits() + 1)
+    with pytest.raises(ValueError, match="RADIANCE_AR_OVERLAP_MIN_M='9.*: expected an integer"):
+        envs.get("RADIANCE_AR_OVERLAP_MIN_M", {"RADIANCE_AR_OVERLAP_MIN_M": raw})
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "+inf", "Infinity", "nan", "NaN", "-nan",
+                                 "1e309",  # overflows to inf
+                                 "1_000", "\u0661\u0660\u0660\u0660"])
+def test_spin_timeout_rejects_non_finite_and_odd_spellings(raw):
+    with pytest.raises(ValueError) as e:
+        envs.get(SPIN, {SPIN: raw})
+    assert str(e.value) == f"{SPIN}={raw!r}: expected {SPIN_RANGE}"
+
+
+#: per knob: (raw text padded with whitespace, value it parses to)
+PADDED = {
+    "RADIANCE_AR_OVERLAP": [(" 1\n", True), ("\ttrue ", True), (" 0 ", False), ("  ", False)],
+    "RADIANCE_AR_BACKEND": [(" stock\t", "stock")],
+    "RADIANCE_AR_OVERLAP_MIN_M": [("\t16 ", 16)],
+    "RADIANCE_AR_OVERLAP_SLICES": [(" 64\n", 64)],
+    "RADIANCE_AR_ONESHOT_CTAS": [(" 36 ", 36)],
+    "RADIANCE_AR_SPIN_TIMEOUT_MS": [(" 2.5\n", 2.5)],
+    "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
+}
+
+
+def test_every_knob_kind_is_covered_by_the_whitespace_cases():
+    assert set(PADDED) == set(envs.KNOBS)
+
+
+@pytest.mark.parametrize("name,raw,value", [(n, r, v) for n, cs in PADDED.items() for r, v in cs])
+def test_every_knob_strips_whitespace_before_parsing(name, raw, value):
+    assert envs.get(name, {name: raw}) == value
+
+
+def test_an_empty_bool_is_off():
+    assert envs.get("RADIANCE_AR_OVERLAP", {"RADIANCE_AR_OVERLAP": ""}) is False

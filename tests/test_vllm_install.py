@@ -119,6 +119,72 @@ def test_plan_takes_the_eligible_and_groups_the_rest_by_reason():
     assert "left stock: 1 (quant method Fp8LinearMethod" in text
 
 
+#: an output width that is not a multiple of the wht6 block (256), e.g. gpt-oss's hidden size
+N_ODD, N_ALIGNED = 2880, 2816
+CODEC_BACKENDS = ("oneshot_wht6", "sdma_wht6")
+
+
+def _widths_model():
+    m = torch.nn.Module()
+    m.wide, m.aligned = StandIn(n=N_ODD, seed=1), StandIn(n=N_ALIGNED, seed=2)
+    return m
+
+
+def _registered(name):
+    if name not in backends.names():
+        pytest.skip(f"backend {name} is not registered")
+    return backends.get(name)
+
+
+@pytest.mark.parametrize("backend", ["stock", "sdma", *CODEC_BACKENDS])
+def test_a_layer_whose_n_the_backend_cannot_reduce_stays_stock_with_its_reason(backend):
+    cls = _registered(backend)
+    m = _widths_model()
+    report = vi.InstallReport(OverlapSettings(True, backend, 2048, 4), tp_size=2)
+    chosen = vi.plan(m.named_children(), 2, report)
+    assert vi.eligibility(m.wide, 2) is None  # without a backend, N is not asked about
+    if backend not in CODEC_BACKENDS:
+        assert [n for n, _, _ in chosen] == ["wide", "aligned"] and report.left == {}
+        assert vi.eligibility(m.wide, 2, cls) is None
+        return
+    expected = f"backend {backend}: N = {N_ODD} {cls.unsupported_cols_reason(N_ODD)}"
+    assert expected.startswith(f"backend {backend}: N = 2880 must be a positive multiple of 256")
+    assert vi.eligibility(m.wide, 2, cls) == expected
+    assert [(n, p) for n, _, p in chosen] == [("aligned", "bf16")]
+    assert report.left == {expected: ["wide"]}
+    report.routed = ["aligned"]
+    assert f"left stock: 1 ({expected}), e.g. wide" in report.summary()
+
+
+def test_eligibility_refuses_a_backend_name_in_place_of_the_class():
+    with pytest.raises(TypeError, match="backend must be a Backend class.*'sdma_wht6'"):
+        vi.eligibility(StandIn(), 2, "sdma_wht6")
+
+
+@pytest.mark.parametrize("backend", CODEC_BACKENDS)
+def test_install_asks_the_configured_backend_and_logs_its_reason(monkeypatch, caplog, backend):
+    _registered(backend)
+    # Just enough of vLLM for install to find the layers; none is routed, so install
+    # never reaches the TP group.
+    fake = {"vllm": types.ModuleType("vllm"),
+            "vllm.distributed": types.SimpleNamespace(
+                get_tensor_model_parallel_world_size=lambda: 2),
+            "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+            "vllm.model_executor.layers": types.ModuleType("vllm.model_executor.layers"),
+            "vllm.model_executor.layers.linear": types.SimpleNamespace(RowParallelLinear=StandIn)}
+    for name, module in fake.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    m = torch.nn.Module()
+    m.wide = StandIn(n=N_ODD)
+    with caplog.at_level(logging.INFO, logger="vllm.radiance_ar"):
+        report = vi.install(m, settings=OverlapSettings(True, backend, 2048, 4))
+    assert report.routed == [] and list(report.left.values()) == [["wide"]]
+    assert "forward" not in m.wide.__dict__ and m.wide.reduce_results is True
+    logged = [r.getMessage() for r in caplog.records if r.name == "vllm.radiance_ar"]
+    assert logged == [report.summary()]
+    assert f"left stock: 1 (backend {backend}: N = 2880 must be a positive multiple" in logged[0]
+
+
 @pytest.mark.parametrize("return_bias", [True, False])
 def test_routed_forward_is_one_op_call_with_stock_shapes(return_bias):
     overlap.configure(single_world("cpu"), ON)  # one rank: the op's all-reduce is a copy
