@@ -3,8 +3,10 @@
 One implementation per kind of world (DESIGN 3.4), plus :class:`LocalMemory` for a
 world of one rank:
 
-- :class:`SharedFileMemory`: CPU ranks in separate processes; one file per rank in
-  ``/dev/shm`` mapped by every rank (the CI test bed).
+- :class:`SharedFileMemory`: CPU ranks in separate processes; one file per rank and
+  allocation, mapped by every rank (the CI test bed). The files are private: random
+  names in a per-job directory of mode 0700 under ``/dev/shm``, created exclusively with
+  mode 0600, checked before a peer maps them, unlinked once mapped.
 - :class:`SymmetricMemory`: one GPU per process; ``torch.distributed._symmetric_memory``
   (CUDA, and ROCm since torch 2.8 through HIP VMM).
 - :class:`PinnedHostMemory`: W emulated ranks in one process on one GPU; every rank's
@@ -18,8 +20,15 @@ A :class:`PeerBuffer` is raw bytes; :func:`typed_view` gives a typed 2-D view.
 from __future__ import annotations
 
 import abc
+import contextlib
+import mmap
 import os
-import uuid
+import re
+import secrets
+import shutil
+import stat
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -79,12 +88,25 @@ class PeerMemory(abc.ABC):
     def barrier(self) -> None:
         """Collective host barrier."""
 
+    def close(self) -> None:
+        """Release what outlives the buffers (files, directories); buffers stay valid."""
+        return None
+
 
 class SharedFileMemory(PeerMemory):
     """CPU processes of one gloo group; buffers are ``/dev/shm`` files mapped by all ranks.
 
-    The files are unlinked as soon as every rank has mapped them, so a crashed run leaves
-    nothing behind in ``/dev/shm``.
+    Privacy: rank 0 makes one directory per job with :func:`tempfile.mkdtemp` (random
+    name, mode 0700) and every other rank checks that it is ours and 0700 before using
+    it. Each allocation creates one file per rank with a random name, exclusively
+    (``O_EXCL``) and mode 0600; a peer's file is mapped only after checking that it is a
+    regular file of ours, mode 0600, of the expected size. So another local user can
+    neither predict a name nor slip in a file of their own.
+
+    Each rank unlinks its file once every rank has mapped it, or when the allocation
+    fails (a peer gone, a collective timed out). Rank 0 removes the directory, with
+    anything a killed rank left in it, at :meth:`close`, on garbage collection or at
+    interpreter exit; only a rank 0 killed outright leaves it behind (still mode 0700).
     """
 
     kind = "cpu-shm"
@@ -92,35 +114,168 @@ class SharedFileMemory(PeerMemory):
     def __init__(self, group: dist.ProcessGroup | None, root: str = "/dev/shm"):
         super().__init__(dist.get_rank(group), dist.get_world_size(group))
         self.group = group
-        token = [uuid.uuid4().hex[:12] if self.rank == 0 else None]
-        dist.broadcast_object_list(token, src=dist.get_global_rank(group, 0) if group else 0,
+        self._finalizer = None
+        shared: list = [None, None]  # the directory, or why rank 0 could not make it
+        if self.rank == 0:
+            try:
+                shared[0] = tempfile.mkdtemp(prefix="radiance-ar-", dir=root)
+                # Only the creator removes it; a finalizer (unlike __del__) also runs at exit.
+                self._finalizer = weakref.finalize(self, shutil.rmtree, shared[0],
+                                                   ignore_errors=True)
+                os.chmod(shared[0], 0o700)  # exactly 0700 whatever the umask: peers check it
+            except Exception as e:  # noqa: BLE001 -- the peers wait in the broadcast
+                shared[1] = f"{type(e).__name__}: {e}"
+                failure = e
+        dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group else 0,
                                    group=group)
-        self._prefix = os.path.join(root, f"radiance-ar-{token[0]}")
-        self._serial = 0
+        if shared[1] is not None:
+            self.close()
+            if self.rank == 0:
+                raise failure
+            raise RuntimeError(f"SharedFileMemory: rank 0 could not make the job directory "
+                               f"under {root}: {shared[1]}")
+        self._dir: str | None = shared[0]
+        error = None
+        if self.rank != 0:
+            try:
+                _check_private_dir(self._dir)
+            except Exception as e:  # noqa: BLE001 -- every rank must hear of it
+                error = e
+        try:
+            self._agree(None, error)
+        except BaseException:
+            self.close()
+            raise
 
-    def _path(self, serial: int, rank: int) -> str:
-        return f"{self._prefix}-{serial}-r{rank}"
+    def _agree(self, value: object, error: BaseException | None) -> list:
+        """Collective: every rank's ``value``, or an error raised on every rank if any
+        rank failed (so no rank waits in a later collective for a peer that gave up)."""
+        got: list = [None] * self.size
+        mine = (False, f"{type(error).__name__}: {error}") if error else (True, value)
+        dist.all_gather_object(got, mine, group=self.group)
+        if error is not None:
+            raise error
+        failed = [f"rank {r}: {msg}" for r, (ok, msg) in enumerate(got) if not ok]
+        if failed:
+            raise RuntimeError("SharedFileMemory: a peer failed; " + "; ".join(failed))
+        return [v for _, v in got]
 
     def _allocate(self, name: str, nbytes: int) -> PeerBuffer:
-        self._serial += 1
-        mine = self._path(self._serial, self.rank)
-        storage = torch.UntypedStorage.from_file(mine, shared=True, nbytes=nbytes)
-        local = torch.empty(0, dtype=torch.uint8).set_(storage).zero_()
-        self.barrier()
-        peers = []
-        for r in range(self.size):
-            if r == self.rank:
-                peers.append(local)
-                continue
-            st = torch.UntypedStorage.from_file(self._path(self._serial, r), shared=True,
-                                                nbytes=nbytes)
-            peers.append(torch.empty(0, dtype=torch.uint8).set_(st))
-        self.barrier()
-        os.unlink(mine)
-        return PeerBuffer(name, nbytes, self.rank, peers)
+        if self._dir is None:
+            raise RuntimeError(f"SharedFileMemory: allocate({name!r}) after close()")
+        mine = None  # set once we created the file: only then is it ours to unlink
+        try:
+            error, local = None, None
+            try:
+                path = os.path.join(self._dir, _new_file_name())
+                fd = _create_exclusive(path)
+                mine = path
+                try:
+                    os.ftruncate(fd, nbytes)  # a new file: its bytes read as zero
+                    local = _map(fd, nbytes)
+                finally:
+                    os.close(fd)
+            except Exception as e:  # noqa: BLE001 -- every rank must hear of it
+                error = e
+            names = self._agree(os.path.basename(mine) if mine else None, error)
+            peers, error = [], None
+            try:
+                for r, file_name in enumerate(names):
+                    peers.append(local if r == self.rank
+                                 else _map_peer(self._dir, file_name, nbytes))
+            except Exception as e:  # noqa: BLE001
+                error = e
+            self._agree(None, error)  # past this, every rank has mapped every file
+            return PeerBuffer(name, nbytes, self.rank, peers)
+        finally:
+            # Mapped by every rank, or abandoned: the name is no longer needed either way.
+            if mine is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(mine)
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        """Rank 0 removes the job directory (and anything a crash left there); the other
+        ranks have nothing left, their files being unlinked when each allocation ends.
+        Mapped buffers stay valid; a later :meth:`allocate` raises."""
+        self._dir = None
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+_FILE_NAME = re.compile(r"[0-9a-f]{32}")
+
+
+def _new_file_name() -> str:
+    return secrets.token_hex(16)
+
+
+def _create_exclusive(path: str) -> int:
+    """A new file at ``path``, ours alone: fails if anything is already there."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask: peers check it
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd
+
+
+def _map(fd: int, nbytes: int) -> torch.Tensor:
+    """uint8 [nbytes] over a shared mapping of ``fd`` (the tensor keeps the mapping alive)."""
+    return torch.frombuffer(mmap.mmap(fd, nbytes, mmap.MAP_SHARED,
+                                      mmap.PROT_READ | mmap.PROT_WRITE), dtype=torch.uint8)
+
+
+def _check_private_dir(path: str) -> None:
+    """Raise unless ``path`` is a directory (not a link) of this user with mode 0700."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise RuntimeError(f"SharedFileMemory: job directory {path} not found ({e}); the "
+                           "ranks of a cpu-shm world must share one host") from e
+    uid = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) != 0o700:
+        raise PermissionError(
+            f"SharedFileMemory: job directory {path}: expected a directory owned by uid "
+            f"{uid} with mode 0700, found {_describe(st)}")
+
+
+def _map_peer(directory: str, file_name: str, nbytes: int) -> torch.Tensor:
+    """Map a peer's file of ``directory``, refusing any file this job did not create."""
+    if not isinstance(file_name, str) or not _FILE_NAME.fullmatch(file_name):
+        # A name is joined to our directory: no separators, no "..", nothing to escape it.
+        raise PermissionError(f"SharedFileMemory: peer file name {file_name!r}: expected "
+                              "32 hex digits (a name this job made)")
+    path = os.path.join(directory, file_name)
+    expected = f"a regular file owned by uid {os.geteuid()}, mode 0600, {nbytes} B"
+    try:
+        # No O_CREAT: the peer made it; O_NOFOLLOW: a symbolic link is refused.
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise PermissionError(f"SharedFileMemory: peer file {path}: cannot open it "
+                              f"({e.strerror}); expected {expected}") from e
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
+                or stat.S_IMODE(st.st_mode) != 0o600 or st.st_size != nbytes
+                or not os.path.samestat(st, os.lstat(path))):
+            raise PermissionError(f"SharedFileMemory: refusing peer file {path}: expected "
+                                  f"{expected}, found {_describe(st)}")
+        return _map(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _describe(st: os.stat_result) -> str:
+    kind = ("directory" if stat.S_ISDIR(st.st_mode) else "regular file"
+            if stat.S_ISREG(st.st_mode) else "symbolic link" if stat.S_ISLNK(st.st_mode)
+            else "special file")
+    return f"a {kind} owned by uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}, " \
+           f"{st.st_size} B"
 
 
 class SymmetricMemory(PeerMemory):
