@@ -8,9 +8,9 @@ of every call. One function per platform and operation:
 platform          copy                                   signal (write / wait, no kernel)
 ================  =====================================  ===================================
 NVIDIA (cuda)     ``cudaMemcpyAsync`` (kind Default: UVA  ``cuStreamWriteValue32`` /
-                  picks H2D / D2H / P2P; copy engines)    ``cuStreamWaitValue32`` GEQ (cyclic)
+                  picks H2D / D2H / P2P; copy engines)    ``cuStreamWaitValue32`` GEQ / EQ
 ROCm (hip)        ``hipMemcpyAsync`` kind                 ``hipStreamWriteValue64`` /
-                  ``hipMemcpyDeviceToDeviceNoCU`` (1024)  ``hipStreamWaitValue64`` Gte
+                  ``hipMemcpyDeviceToDeviceNoCU`` (1024)  ``hipStreamWaitValue64`` Gte/Eq
                   for same-device views of peer memory;
                   ``hipMemcpyPeerAsync`` across devices;
                   kind Default for host memory
@@ -100,12 +100,14 @@ def cuda_write_value(stream: int, addr: int, value: int) -> None:
         "cuStreamWriteValue32")
 
 
-def cuda_wait_value_geq(stream: int, addr: int, value: int) -> None:
-    """Later work of ``stream`` waits until ``(int32)(*addr - value) >= 0`` (cyclic GEQ)."""
+def cuda_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
+    """Later work of ``stream`` waits until the 32-bit word at ``addr`` equals ``value``
+    (``equal``) or reaches it (``(int32)(*addr - value) >= 0``, a cyclic GEQ)."""
     driver, _ = _cuda()
+    flags = driver.CUstreamWaitValue_flags
     _cuda_ok(driver.cuStreamWaitValue32(
         stream, addr, value & MASK32,
-        driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ),
+        flags.CU_STREAM_WAIT_VALUE_EQ if equal else flags.CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue32")
 
 
@@ -164,11 +166,12 @@ def hip_write_value(stream: int, addr: int, value: int) -> None:
     _hip_ok("hipStreamWriteValue64", hip.hipStreamWriteValue64, stream, addr, value & MASK64, 0)
 
 
-def hip_wait_value_geq(stream: int, addr: int, value: int) -> None:
-    """Later work of ``stream`` waits until ``*addr >= value`` (64-bit: never wraps)."""
+def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
+    """Later work of ``stream`` waits until ``*addr == value`` (``equal``) or
+    ``*addr >= value`` (64-bit: never wraps)."""
     hip = _hip()
     _hip_ok("hipStreamWaitValue64", hip.hipStreamWaitValue64, stream, addr, value & MASK64,
-            int(hip.hipStreamWaitValueGte), MASK64)
+            int(hip.hipStreamWaitValueEq if equal else hip.hipStreamWaitValueGte), MASK64)
 
 
 # --------------------------------------------------------------------------- CPU
@@ -244,12 +247,19 @@ class CopyEngine:
 
     def wait_value_geq(self, stream: int, addr: int, value: int) -> None:
         """Enqueue a wait on ``stream`` until the flag at ``addr`` reaches ``value`` (GPU only)."""
+        self._wait_value(stream, addr, value, equal=False)
+
+    def wait_value_eq(self, stream: int, addr: int, value: int) -> None:
+        """Enqueue a wait on ``stream`` until the flag at ``addr`` equals ``value`` (GPU only)."""
+        self._wait_value(stream, addr, value, equal=True)
+
+    def _wait_value(self, stream: int, addr: int, value: int, *, equal: bool) -> None:
         if self.platform == "cuda":
-            cuda_wait_value_geq(stream, addr, value)
+            cuda_wait_value(stream, addr, value, equal=equal)
         elif self.platform == "hip":
-            hip_wait_value_geq(stream, addr, value)
+            hip_wait_value(stream, addr, value, equal=equal)
         else:
-            raise TypeError("wait_value_geq: CPU worlds wait on the host (backends.signals)")
+            raise TypeError("wait_value: CPU worlds wait on the host (backends.signals)")
 
     def device_address(self, t: torch.Tensor) -> int:
         """The address a stream operation on this device uses for ``t`` (pinned host too)."""

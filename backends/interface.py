@@ -7,17 +7,25 @@ contiguous 2-D slice over all ranks::
 
 ``all_reduce`` runs on the caller's current stream, never synchronizes the host and
 allocates nothing per call. It is *collective*: every rank calls it the same number of
-times, in the same order, with the same shapes.
+times, in the same order, with the same shapes. Backends with a protocol of their own
+check that contract on every call (:mod:`backends.call_contract`): a mismatch, a late
+or missing peer raises on every rank that sees it, and every later call is refused
+until ``resync()``.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+import contextlib
+from typing import TYPE_CHECKING, ClassVar, Iterator
 
 import torch
 
+from backends.call_contract import CallSignature
 from backends.world import World
+
+if TYPE_CHECKING:
+    from backends.signals import Signals
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -65,11 +73,35 @@ class Backend(abc.ABC):
     #: the producer GEMM writes straight into ``input_view`` (peer-visible memory)
     peer_visible_input: ClassVar[bool] = False
 
+    #: the cross-rank flags of a backend with a protocol of its own (None: the vendor's)
+    signals: "Signals | None" = None
+
     def __init__(self, world: World):
         reason = self.unsupported_reason(world)
         if reason is not None:
             raise ValueError(f"backend {self.name!r} cannot run here: {reason}")
         self.world = world
+        #: (M, K) of the linear whose slices are being reduced; the op sets it per call and
+        #: it joins every call's signature, so ranks in different linears do not pair up
+        self.call_key: tuple[int, int] = (0, 0)
+
+    def signature(self, slice_in: torch.Tensor, path: str = "flags") -> CallSignature:
+        """What every rank must agree on for a call reducing ``slice_in``."""
+        return CallSignature(slice_in.shape[0], slice_in.shape[1], slice_in.dtype, path,
+                             *self.call_key)
+
+    @contextlib.contextmanager
+    def vendor_call(self, t: torch.Tensor) -> Iterator[None]:
+        """Wrap the decode path's vendor all-reduce of ``t``: where this backend's flags
+        are host memory, announce it to the peers (a peer in the sliced path then raises
+        and releases this rank instead of leaving it blocked) and afterwards raise if a
+        peer gave up meanwhile. Elsewhere (device flags, graph capture) a no-op."""
+        signals = self.signals
+        if signals is not None:
+            signals.announce_vendor_call(self.signature(t, "vendor"))
+        yield
+        if signals is not None:
+            signals.check_vendor_call()
 
     @classmethod
     def unsupported_reason(cls, world: World) -> str | None:

@@ -51,6 +51,7 @@ import torch
 from backends import envs, wht6
 from backends.interface import SUPPORTED_DTYPES, Backend, check_slice, refuse_growth_in_capture
 from backends.registry import register
+from backends.call_contract import FaultState
 from backends.signals import FLAG_BYTES, CpuSignals, PeerTimeoutError
 from backends.world import World
 
@@ -103,7 +104,10 @@ class OneshotWht6Backend(Backend):
         if world.size > 1:
             self._flags = world.memory.allocate("oneshot_wht6.flags", _flag_bytes(self.ctas))
             if not self.gpu:
-                self.signals = CpuSignals(self._flags, world.rank, world.size, self.timeout_ms)
+                self.signals = CpuSignals(self._flags, world.rank, world.size, self.timeout_ms,
+                                          self.name)
+        #: the call contract's fault state (CPU: the flags'; GPU: the kernel's error words)
+        self.faults = self.signals.faults if self.signals is not None else FaultState(self.name)
         if self.gpu and world.size > 1:
             self._err = torch.zeros(2, dtype=torch.int64, pin_memory=True)
             self._done = torch.cuda.Event()
@@ -171,6 +175,7 @@ class OneshotWht6Backend(Backend):
             if self.world.size == 1 and out.data_ptr() != slice_in.data_ptr():
                 out.copy_(slice_in)
             return
+        self.faults.refuse_if_faulted()
         from backends.kernels.oneshot_wht6 import payload_bytes_per_row
 
         nbytes = rows * payload_bytes_per_row(cols)
@@ -194,6 +199,7 @@ class OneshotWht6Backend(Backend):
         start = time.monotonic()
         while not self._done.query():
             if (time.monotonic() - start) * 1000.0 > bound:
+                self.faults.fault = self.faults.fault or "check(): calls did not finish"
                 raise PeerTimeoutError(
                     f"rank {self.world.rank}: oneshot_wht6 calls did not finish within "
                     f"{bound:.0f} ms although the kernel's spin is bounded by "
@@ -221,6 +227,7 @@ class OneshotWht6Backend(Backend):
         self._words(self.world.rank).fill_(top)
         torch.cuda.synchronize(self.world.device)
         self._err.zero_()
+        self.faults.clear()
         mem.barrier()
 
     def fill_passive_peers(self, seed: int = 0) -> None:
@@ -284,6 +291,7 @@ class OneshotWht6Backend(Backend):
                 self.world.memory.barrier()
         self._pub = self._own = None
         self._args = ()
+        self.capacity = 0  # until the growth below succeeds: a failed one leaves none
         self._pub = self.world.memory.allocate("oneshot_wht6.pub", 2 * nbytes)
         if self.gpu and self.world.emulated:
             self._own = torch.empty(nbytes, dtype=torch.uint8, device=self.world.device)
@@ -337,25 +345,28 @@ class OneshotWht6Backend(Backend):
         if peer < 0:
             return
         self._err.zero_()
-        raise PeerTimeoutError(
+        error = PeerTimeoutError(
             f"rank {self.world.rank}: peer rank {peer} did not post its flag for call (epoch) "
             f"{epoch} of oneshot_wht6 all_reduce within {self.timeout_ms:.0f} ms "
             "(RADIANCE_AR_SPIN_TIMEOUT_MS sets the bound): that rank is missing, stuck or out "
             "of step (every rank must make the same calls with the same "
             "RADIANCE_AR_ONESHOT_CTAS). The kernel gave up, so that call's output is garbage; "
             "call resync() on every rank before the next call")
+        self.faults.record(error)
+        raise error
 
     def _all_reduce_cpu(self, slice_in: torch.Tensor, out: torch.Tensor, nbytes: int) -> None:
         from backends import wht6
 
         rows, cols = slice_in.shape
-        t = self.signals.next_epoch()
-        lo = (t % 2) * self.capacity
-        payloads = [self._pub.peer(q)[lo:lo + nbytes].view(rows, -1)
-                    for q in range(self.world.size)]
-        wht6.encode(slice_in, out=payloads[self.world.rank])
-        self.signals.post("ready", t)
-        for k in range(1, self.world.size):
-            peer = (self.world.rank + k) % self.world.size
-            self.signals.wait(peer, "ready", t, what=f"oneshot_wht6 all_reduce ({rows}x{cols})")
-        wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
+        with self.signals.call(self.signature(slice_in)) as t:
+            lo = (t % 2) * self.capacity
+            payloads = [self._pub.peer(q)[lo:lo + nbytes].view(rows, -1)
+                        for q in range(self.world.size)]
+            wht6.encode(slice_in, out=payloads[self.world.rank])
+            self.signals.post("ready", t)
+            for k in range(1, self.world.size):
+                peer = (self.world.rank + k) % self.world.size
+                self.signals.wait(peer, "ready", t,
+                                  what=f"oneshot_wht6 all_reduce ({rows}x{cols})")
+            wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)

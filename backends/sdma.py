@@ -141,9 +141,10 @@ class SdmaBackend(Backend):
         self.signals: Signals | None = None
         if world.size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
-            self.signals = (CpuSignals(flags, world.rank, world.size, timeout)
+            self.signals = (CpuSignals(flags, world.rank, world.size, timeout, self.name)
                             if self.platform == "cpu" else
-                            GpuSignals(flags, world.rank, world.size, timeout, self.engine))
+                            GpuSignals(flags, world.rank, world.size, timeout, self.engine,
+                                       self.name))
         self.capacity = 0  # bytes of one slice buffer
         self._pub = self._red = None
         self._stage: torch.Tensor | None = None  # emulated: the GEMM's device buffer
@@ -209,7 +210,7 @@ class SdmaBackend(Backend):
         # Grow by at least 1.5x so a warm-up of rising M re-allocates O(log M) times; whole
         # 256-byte units keep every receive slot aligned for 16-byte vector loads.
         nbytes = -(-max(need, self.capacity * 3 // 2) // 256) * 256
-        self._pub = self._red = self._stage = self._recv = None
+        self.close()  # a growth that fails below leaves no buffers and capacity 0
         mem, dev, size = self.world.memory, self.world.device, self.world.size
         self._pub = mem.allocate("sdma.pub", nbytes)
         if size > 1 and self.schedule in ("auto", "twoshot"):
@@ -225,7 +226,13 @@ class SdmaBackend(Backend):
         if need > self.capacity:
             raise ValueError(f"sdma.input_view: {rows}x{cols} {dtype} needs {need} B, capacity "
                              f"is {self.capacity} B: call ensure_capacity first")
-        self._fence(0, self.capacity, self._stream())
+        if self.signals is not None:
+            self.signals.faults.refuse_if_faulted()
+            try:
+                self._fence(0, self.capacity, self._stream())
+            except BaseException as e:
+                self.signals.fail(e)
+                raise
         return typed_view(self._input_base(), rows, cols, dtype)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
@@ -233,16 +240,17 @@ class SdmaBackend(Backend):
         if self.world.size == 1:
             copy_unless_same(slice_in, out)
             return
+        nbytes = self._check_fits(slice_in.numel() * slice_in.element_size())
         stream = self._stream()
-        t, off, local = self._publish(slice_in, stream)
-        nbytes = slice_in.numel() * slice_in.element_size()
-        if self.schedule_for(nbytes) == "oneshot":
-            ops = self._pull_all(t, off, nbytes, stream)
-            self._reduce([local if q == self.world.rank else ops[q].view(out.dtype)
-                          for q in range(self.world.size)], out.view(-1))
-        else:
-            self._twoshot(t, off, local, out, stream)
-        self._finish(t, off, nbytes, stream)
+        with self.signals.call(self.signature(slice_in)) as t:
+            off, local = self._publish(t, slice_in, stream)
+            if self.schedule_for(nbytes) == "oneshot":
+                ops = self._pull_all(t, off, nbytes, stream)
+                self._reduce([local if q == self.world.rank else ops[q].view(out.dtype)
+                              for q in range(self.world.size)], out.view(-1))
+            else:
+                self._twoshot(t, off, local, out, stream)
+            self._finish(t, off, nbytes, stream)
 
     def check(self, timeout_ms: float | None = None) -> None:
         """Host-side bounded wait for every call enqueued so far (GPU); raises naming a
@@ -283,11 +291,12 @@ class SdmaBackend(Backend):
         """
         if self.world.size == 1:
             return []
+        nbytes = self._check_fits(slice_in.numel() * slice_in.element_size())
         stream = self._stream()
-        t, off, _ = self._publish(slice_in, stream)
-        nbytes = slice_in.numel() * slice_in.element_size()
-        ops = self._pull_all(t, off, nbytes, stream)
-        self._finish(t, off, nbytes, stream)
+        with self.signals.call(self.signature(slice_in)) as t:
+            off, _ = self._publish(t, slice_in, stream)
+            ops = self._pull_all(t, off, nbytes, stream)
+            self._finish(t, off, nbytes, stream)
         return [ops.get(q, slice_in.new_empty(0, dtype=torch.uint8))
                 for q in range(self.world.size)]
 
@@ -332,25 +341,27 @@ class SdmaBackend(Backend):
         r, w = self.world.rank, self.world.size
         return [(r + k) % w for k in range(1, w)]
 
-    def _publish(self, slice_in: torch.Tensor, stream: int) -> tuple[int, int, torch.Tensor]:
-        """Epoch, byte offset of the slice in ``pub``, and the local operand (flat, typed)."""
-        nbytes = slice_in.numel() * slice_in.element_size()
+    def _check_fits(self, nbytes: int) -> int:
         if nbytes > self.capacity:
-            raise ValueError(f"sdma.all_reduce: slice of {nbytes} B exceeds the capacity of "
-                             f"{self.capacity} B: call ensure_capacity first")
+            raise ValueError(f"{self.name}.all_reduce: a slice of {nbytes} B exceeds the "
+                             f"capacity of {self.capacity} B: call ensure_capacity first")
+        return nbytes
+
+    def _publish(self, t: int, slice_in: torch.Tensor, stream: int) -> tuple[int, torch.Tensor]:
+        """Byte offset of call ``t``'s slice in ``pub``, and the local operand (flat, typed)."""
+        nbytes = slice_in.numel() * slice_in.element_size()
         base = self._input_base()
         off = slice_in.data_ptr() - base.data_ptr()
         inside = slice_in.device == base.device and 0 <= off and off + nbytes <= self.capacity
         if inside and off % slice_in.element_size():
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
         off = off if inside else 0  # outside: staged at offset 0 (every rank alike)
-        t = self.signals.next_epoch()
         self._fence(off, off + nbytes, stream)
         mine = self._pub.local[off:off + nbytes]
         if not inside or self.emulated:
             self.engine.copy(mine, slice_in, stream)  # staging copy / emulated D2H publish
         self.signals.post("ready", t, stream)
-        return t, off, slice_in.reshape(-1)
+        return off, slice_in.reshape(-1)
 
     def _pull(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> None:
         self.pulled_bytes += self.engine.copy(dst, src, stream)

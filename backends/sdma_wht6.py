@@ -77,24 +77,21 @@ class SdmaWht6Backend(SdmaBackend):
             copy_unless_same(slice_in, out)
             return
         shape = wht6.payload_shape(rows, cols)
-        nbytes = shape[0] * shape[1]
-        if nbytes > self.capacity:
-            raise ValueError(f"sdma_wht6.all_reduce: a {rows}x{cols} payload needs {nbytes} B, "
-                             f"capacity is {self.capacity} B: call ensure_capacity first")
+        nbytes = self._check_fits(shape[0] * shape[1])
         stream = self._stream()
-        t = self.signals.next_epoch()
-        self._fence(0, nbytes, stream)
-        mine = self._pub.local[:nbytes]
-        encoded = (self._stage if self.emulated else self._pub.local)[:nbytes].view(shape)
-        wht6.encode(slice_in, out=encoded)
-        if self.emulated:
-            self.engine.copy(mine, encoded.view(-1), stream)  # the D2H publish
-        self.signals.post("ready", t, stream)
-        pulled = self._pull_all(t, 0, nbytes, stream)
-        payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
-                    for q in range(self.world.size)]
-        wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
-        self._finish(t, 0, nbytes, stream)
+        with self.signals.call(self.signature(slice_in)) as t:
+            self._fence(0, nbytes, stream)
+            mine = self._pub.local[:nbytes]
+            encoded = (self._stage if self.emulated else self._pub.local)[:nbytes].view(shape)
+            wht6.encode(slice_in, out=encoded)
+            if self.emulated:
+                self.engine.copy(mine, encoded.view(-1), stream)  # the D2H publish
+            self.signals.post("ready", t, stream)
+            pulled = self._pull_all(t, 0, nbytes, stream)
+            payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
+                        for q in range(self.world.size)]
+            wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
+            self._finish(t, 0, nbytes, stream)
 
     def fill_passive_peers(self) -> None:
         """Timing mode (see :meth:`SdmaBackend.fill_passive_peers`): every peer holds valid

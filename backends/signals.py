@@ -1,17 +1,27 @@
 """Cross-rank flags and epochs for transports that wait without compute units.
 
-Every rank owns a small flag array in peer-visible memory (one 8-byte word per slot,
-64 bytes per rank); it only ever WRITES its own array and only READS its peers'.
-Slots name protocol steps (see :mod:`backends.sdma`): ``ready`` (my input slice of this
-call is published), ``reduced`` (my reduced shard is published, two-shot), ``done``
-(I finished reading every peer's buffers for this call).
+Every rank owns a small array of int64 words in peer-visible memory; it only ever
+WRITES its own array and only READS its peers'. Layout (``WORDS``)::
 
-Epochs. Collective calls are numbered 1, 2, 3, ... identically on every rank
-(:meth:`Signals.next_epoch`). A rank posts ``flag = epoch``; a waiter waits for
-``flag >= epoch``. Flags only grow, so a flag left over from call t-1 never satisfies a
-wait of call t: no flag is ever reset, so no stale value can be seen. The comparison
-is cyclic on NVIDIA (``cuStreamWaitValue32`` GEQ is ``(int32)(*addr - v) >= 0``), so
-the 32-bit words wrap without harm; ROCm and the CPU use 64-bit words.
+    done     the last call whose peer buffers this rank finished reading (an epoch)
+    abort    the epoch of a call this rank gave up on (0: none): see call_contract
+    epoch    the number of this rank's current call        } the header: host-written,
+    sig[4]   its signature (rows, cols, dtype/path, key)   } for peers' checks and messages
+    vendor   how many vendor-collective calls it announced }
+    ready[R], reduced[R]   tag rings: slot t mod R holds the tag of call t
+
+Steps (see :mod:`backends.sdma`): ``ready`` (my input slice of call t is published),
+``reduced`` (my reduced shard is published, two-shot), ``done`` (I finished reading
+every peer's buffers for call t).
+
+Epochs and tags. Collective calls are numbered 1, 2, 3, ... identically on every rank.
+``ready`` and ``reduced`` gate READING a peer's data, so they carry the exact call
+(:mod:`backends.call_contract`): a wait accepts only ``tag(t, signature)`` in slot
+``t mod R`` and nothing else. A peer is at most one op call of slices ahead (the reuse
+fence below bounds it), far fewer than R = 128 calls, so a slot is never overwritten
+while a peer may still wait on it. ``done`` gates REUSING my own buffer, so it is a
+plain epoch that only grows: a waiter waits for ``done >= epoch`` (cyclic on NVIDIA,
+``cuStreamWaitValue32`` GEQ; 64-bit on ROCm and the CPU).
 
 Two implementations:
 
@@ -23,6 +33,7 @@ Two implementations:
   visible to a reader that saw the flag.
 - :class:`GpuSignals` (GPU worlds): stream write-value / wait-value operations
   (:mod:`backends.copy_engine`), executed by the GPU's front end: no kernel spins.
+  Tags are 32-bit hashes of (epoch, signature) waited on with EQ.
   A stream wait-value has NO timeout of its own. The bound is host-side and honest:
   :meth:`GpuSignals.check` waits (polling an event) at most the timeout from the moment
   it is called, then reads the peers' flags and raises naming the peer that never
@@ -36,29 +47,38 @@ Two implementations:
 from __future__ import annotations
 
 import abc
+import collections
+import contextlib
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
+from backends.call_contract import (NO_TAG, CallSignature, CollectiveMismatchError,
+                                    FaultState, PeerAbortedError, PeerTimeoutError,
+                                    device_tag, host_tag, tag_epoch)
 from backends.copy_engine import MASK32, CopyEngine
 from backends.peer_memory import PeerBuffer
 
-SLOTS = {"ready": 0, "reduced": 1, "done": 2}
+__all__ = ["Signals", "CpuSignals", "GpuSignals", "PeerTimeoutError", "FLAG_BYTES",
+           "PASSIVE_EPOCH", "SLOTS"]
+
+RING = 128  # tag slots per ring (see the module doc: far more than a peer can be ahead)
+_HEADER = {"done": 0, "abort": 1, "epoch": 2, "sig": 3, "vendor": 7}
+_RING_BASE = {"ready": 8, "reduced": 8 + RING}
+SLOTS = ("ready", "reduced", "done")
 SLOT_BYTES = 8
-FLAG_BYTES = 64  # per rank: the slots, padded to a cache line
-#: the flag value of a passive (pre-filled) peer: at or above every epoch a run reaches
+FLAG_BYTES = (8 + 2 * RING) * SLOT_BYTES  # per rank; a multiple of 64 (cache lines)
+#: the done value of a passive (pre-filled) peer: at or above every epoch a run reaches
 #: (cyclic 32-bit GEQ holds for epochs < 2**31, i.e. 2**31 collective calls)
 PASSIVE_EPOCH = 2 ** 31 - 1
 
 
-class PeerTimeoutError(RuntimeError):
-    """A peer did not post a flag within the spin timeout (the message names it)."""
-
-
-def _slot(slot: str) -> int:
+def _word(slot: str, epoch: int) -> int:
+    if slot == "done":
+        return _HEADER["done"]
     try:
-        return SLOTS[slot]
+        return _RING_BASE[slot] + epoch % RING
     except KeyError:
         raise ValueError(f"signals: slot {slot!r}, expected one of {', '.join(SLOTS)}") from None
 
@@ -66,51 +86,137 @@ def _slot(slot: str) -> int:
 class Signals(abc.ABC):
     """One rank's view of every rank's flags, plus the call (epoch) counter."""
 
-    def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float):
+    def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
+                 owner: str = "signals"):
         if flags.nbytes < FLAG_BYTES:
             raise ValueError(f"signals: flag buffer of {flags.nbytes} B, need {FLAG_BYTES}")
         if not timeout_ms > 0:
             raise ValueError(f"signals: timeout_ms must be > 0, got {timeout_ms}")
         self.flags, self.rank, self.size, self.timeout_ms = flags, rank, size, timeout_ms
+        self.owner = owner
         self.epoch = 0
+        self.vendor_calls = 0
+        self.faults = FaultState(owner)
+        self._sig: CallSignature | None = None  # the current call's signature
+        self._passive: set[int] = set()
         self._words = [flags.peer(r)[:FLAG_BYTES].view(torch.int64) for r in range(size)]
+        self._host_visible = not flags.local.is_cuda
 
-    def next_epoch(self) -> int:
-        """Number of the next collective call (same on every rank)."""
+    # ------------------------------------------------------------------ calls
+
+    @contextlib.contextmanager
+    def call(self, sig: CallSignature) -> Iterator[int]:
+        """One collective call: refuses while faulted, numbers the call, publishes its
+        header; any error inside records the fault and the abort word, then re-raises."""
+        self.faults.refuse_if_faulted()
         self.epoch += 1
-        return self.epoch
+        self._sig = sig
+        if self._host_visible:
+            own = self._words[self.rank]
+            own[_HEADER["sig"]:_HEADER["sig"] + 4] = torch.tensor(sig.words())
+            own[_HEADER["epoch"]] = self.epoch
+        try:
+            yield self.epoch
+        except BaseException as e:
+            self.fail(e)
+            raise
+
+    def fail(self, error: BaseException) -> None:
+        """Enter the fault state and tell the peers (abort word, where the host writes it)."""
+        self.faults.record(error)
+        if self._host_visible:
+            self._words[self.rank][_HEADER["abort"]] = max(self.epoch, 1)
+
+    def announce_vendor_call(self, sig: CallSignature) -> None:
+        """The decode path is entering the vendor collective (host-visible flags only):
+        peers in the sliced path see it and raise instead of waiting out their bound."""
+        self.faults.refuse_if_faulted()
+        if not self._host_visible:
+            return
+        self.vendor_calls += 1
+        own = self._words[self.rank]
+        own[_HEADER["sig"]:_HEADER["sig"] + 4] = torch.tensor(sig.words())
+        own[_HEADER["vendor"]] = self.vendor_calls
+
+    def check_vendor_call(self) -> None:
+        """After a vendor collective: raise if a peer gave up meanwhile (its abort word)."""
+        if not self._host_visible:
+            return
+        for p in range(self.size):
+            if p != self.rank and self._read(p, _HEADER["abort"]):
+                error = PeerAbortedError(self._aborted_message(p, "the vendor all-reduce"))
+                self.fail(error)
+                raise error
+
+    def missed_vendor_call(self) -> CallSignature | None:
+        """The vendor call a peer announced that this rank never made (its count is
+        ahead of ours), or None. The op joins it once, with NaN, to release that peer."""
+        if not self._host_visible:
+            return None
+        for p in range(self.size):
+            _, sig, vendor = self.peer_header(p)
+            if p != self.rank and vendor > self.vendor_calls and sig is not None \
+                    and sig.path == "vendor":
+                return sig
+        return None
+
+    def tag(self, epoch: int) -> int:
+        assert epoch == self.epoch and self._sig is not None, "post/wait outside its call"
+        return (host_tag if self._host_visible else device_tag)(epoch, self._sig)
 
     @abc.abstractmethod
     def post(self, slot: str, epoch: int, stream: int) -> None:
-        """Set my flag ``slot`` to ``epoch`` once the stream's earlier work is done."""
+        """Publish step ``slot`` of call ``epoch`` once the stream's earlier work is done."""
 
     @abc.abstractmethod
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str) -> None:
-        """Later work (of ``stream``) waits until ``peer``'s flag ``slot`` reaches ``epoch``."""
+        """Later work (of ``stream``) waits until ``peer`` posted ``slot`` of call ``epoch``."""
+
+    # ------------------------------------------------------------------ state
+
+    def _read(self, peer: int, word: int) -> int:
+        return int(self._words[peer][word])
 
     def peer_value(self, peer: int, slot: str) -> int:
-        """The flag as the host reads it now (reports; host-visible flags only)."""
-        return int(self._words[peer][_slot(slot)])
+        """The word as the host reads it now (``done``: the epoch; a ring: the tag of
+        the current call's slot). Host-visible flags only."""
+        return self._read(peer, _word(slot, self.epoch))
+
+    def peer_header(self, peer: int) -> tuple[int, CallSignature | None, int]:
+        """(epoch, signature, vendor calls) of ``peer``'s current call, as it wrote them."""
+        words = self._words[peer]
+        sig = CallSignature.from_words(words[_HEADER["sig"]:_HEADER["sig"] + 4].tolist())
+        return self._read(peer, _HEADER["epoch"]), sig, self._read(peer, _HEADER["vendor"])
 
     def resync(self, barrier: Callable[[], None]) -> int:
         """Collective, no call in flight on any rank: put every rank back in step after a
-        :class:`PeerTimeoutError`. Every rank's epoch and all of its flags jump to the
-        largest flag value any rank reached (flags only grow, so no wait of a later call
-        can be satisfied by a flag of an earlier one). Returns that epoch."""
+        collective error. Every rank's epoch jumps to the largest any rank reached, its
+        tag rings and abort word are cleared and its fault state too. Returns the epoch."""
         barrier()
-        top = max(self.peer_value(p, slot) for p in range(self.size) for slot in SLOTS)
-        barrier()  # every rank has read every flag before any rank raises its own
-        self.epoch = top
-        own = self._words[self.rank][:len(SLOTS)]
-        own.fill_(top)
+        top = max(max(self._read(p, _HEADER["epoch"]), self._read(p, _HEADER["done"]) & MASK32)
+                  for p in range(self.size))
+        top = max(top, self.epoch)
+        vendor = max(self._read(p, _HEADER["vendor"]) for p in range(self.size))
+        barrier()  # every rank has read every word before any rank rewrites its own
+        self.epoch, self.vendor_calls = top, vendor
+        own = self._words[self.rank]
+        own[8:].fill_(NO_TAG)
+        own[_HEADER["abort"]] = 0
+        own[_HEADER["epoch"]] = top
+        own[_HEADER["vendor"]] = vendor
+        if self.rank not in self._passive:
+            own[_HEADER["done"]] = top
         if own.is_cuda:
             torch.cuda.synchronize(own.device)
+        self.faults.clear()
         barrier()
         return top
 
     def set_passive(self, peer: int) -> None:
-        """Raise every flag of ``peer`` to :data:`PASSIVE_EPOCH` (timing with passive peers)."""
-        self._words[peer][:len(SLOTS)].fill_(PASSIVE_EPOCH)
+        """Timing mode: ``peer`` never calls; waits on it pass at once (its ``done``
+        word is raised to :data:`PASSIVE_EPOCH`, which a wait on it reads instead)."""
+        self._passive.add(peer)
+        self._words[peer][_HEADER["done"]] = PASSIVE_EPOCH
 
     def end_call(self, stream: int) -> None:
         """Mark the end of one collective call on ``stream`` (GPU: for :meth:`check`)."""
@@ -118,36 +224,70 @@ class Signals(abc.ABC):
     def check(self, timeout_ms: float | None = None) -> None:
         """Host-side bounded wait for every enqueued call; raises naming a missing peer."""
 
+    # ------------------------------------------------------------------ messages
+
+    def _views(self, peer: int) -> str:
+        epoch, sig, vendor = self.peer_header(peer)
+        mine = self._sig.describe() if self._sig is not None else "no call"
+        theirs = sig.describe() if sig is not None else "no call yet"
+        return (f"rank {self.rank} is in call {self.epoch}: {mine} (vendor calls "
+                f"{self.vendor_calls}); rank {peer} is in call {epoch}: {theirs} (vendor "
+                f"calls {vendor})")
+
     def _timeout_message(self, peer: int, slot: str, epoch: int, seen: int, what: str,
                          waited_ms: float) -> str:
         return (f"rank {self.rank}: peer rank {peer} did not post flag {slot!r} for call "
                 f"(epoch) {epoch} of {what} within {waited_ms:.0f} ms (its flag reads {seen}; "
                 "RADIANCE_AR_SPIN_TIMEOUT_MS sets the bound): that rank is missing, stuck or "
-                "out of step (every rank must make the same collective calls)")
+                "out of step (every rank must make the same collective calls); call resync() "
+                "on every rank before the next call")
+
+    def _mismatch_message(self, peer: int, slot: str, epoch: int, what: str) -> str:
+        return (f"rank {self.rank}: peer rank {peer}'s flag {slot!r} belongs to another call "
+                f"than call (epoch) {epoch} of {what}: {self._views(peer)}. Every rank must "
+                "make the same collective calls with the same shapes and paths; call resync() "
+                "on every rank before the next call")
+
+    def _aborted_message(self, peer: int, what: str) -> str:
+        return (f"rank {self.rank}: peer rank {peer} gave up on call (epoch) "
+                f"{self._read(peer, _HEADER['abort'])} during {what} (its abort word is set), "
+                "so this call cannot complete; call resync() on every rank before the next call")
 
 
 class CpuSignals(Signals):
     """Host flags in shared memory; bounded Python spin (see the module doc)."""
 
-    def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float):
-        super().__init__(flags, rank, size, timeout_ms)
+    def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
+                 owner: str = "signals"):
+        super().__init__(flags, rank, size, timeout_ms, owner)
         self._np = [w.numpy() for w in self._words]
 
     def post(self, slot: str, epoch: int, stream: int = 0) -> None:
-        self._np[self.rank][_slot(slot)] = epoch
+        self._np[self.rank][_word(slot, epoch)] = epoch if slot == "done" else self.tag(epoch)
 
     def wait(self, peer: int, slot: str, epoch: int, stream: int = 0, what: str = "a call") -> None:
-        word, i = self._np[peer], _slot(slot)
-        if word[i] >= epoch:
+        if peer in self._passive:
             return
+        words, i = self._np[peer], _word(slot, epoch)
+        want = epoch if slot == "done" else self.tag(epoch)
         start = time.monotonic()
         deadline = start + self.timeout_ms / 1000.0
         pause = 1e-5
-        while word[i] < epoch:
+        while True:
+            seen = int(words[i])
+            ok = seen >= want if slot == "done" else seen == want
+            if words[_HEADER["abort"]]:
+                raise PeerAbortedError(self._aborted_message(peer, what))
+            if ok:
+                return
+            if slot != "done" and seen != NO_TAG and tag_epoch(seen) >= epoch:
+                raise CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what))
+            if int(words[_HEADER["vendor"]]) > self.vendor_calls:
+                raise CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what))
             now = time.monotonic()
             if now > deadline:
                 raise PeerTimeoutError(self._timeout_message(
-                    peer, slot, epoch, int(word[i]), what, (now - start) * 1000.0))
+                    peer, slot, epoch, seen, what, (now - start) * 1000.0))
             # Back off: W ranks may share fewer cores than W; a hot spin would starve
             # the very peer it waits for.
             time.sleep(pause)
@@ -161,35 +301,43 @@ class GpuSignals(Signals):
     EVENT_RING = 64
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
-                 engine: CopyEngine):
-        super().__init__(flags, rank, size, timeout_ms)
+                 engine: CopyEngine, owner: str = "signals"):
+        super().__init__(flags, rank, size, timeout_ms, owner)
         self.engine = engine
         self._addr = [engine.device_address(flags.peer(r)) for r in range(size)]
-        self._host_visible = not flags.local.is_cuda
         self._events: list[torch.cuda.Event] = []
         self._last_event: torch.cuda.Event | None = None
-        self._awaited: dict[tuple[int, str], tuple[int, str]] = {}
+        # (peer, slot, epoch, value, what) of the waits enqueued since the last check
+        self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
 
     def post(self, slot: str, epoch: int, stream: int) -> None:
-        self.engine.write_value(stream, self._addr[self.rank] + _slot(slot) * SLOT_BYTES, epoch)
+        value = epoch if slot == "done" else self.tag(epoch)
+        self.engine.write_value(stream, self._addr[self.rank] + _word(slot, epoch) * SLOT_BYTES,
+                                value)
 
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str = "a call") -> None:
-        self.engine.wait_value_geq(stream, self._addr[peer] + _slot(slot) * SLOT_BYTES, epoch)
-        self._awaited[(peer, slot)] = (epoch, what)
-
-    def peer_value(self, peer: int, slot: str) -> int:
-        if self._host_visible:
-            value = int(self._words[peer][_slot(slot)])
+        if peer in self._passive or slot == "done":
+            value = epoch
+            addr = self._addr[peer] + _HEADER["done"] * SLOT_BYTES
+            self.engine.wait_value_geq(stream, addr, value)
+            slot = "done"
         else:
-            value = self._read_device_flag(peer, slot)
-        return value & MASK32 if self.engine.platform == "cuda" else value
+            value = self.tag(epoch)
+            self.engine.wait_value_eq(stream, self._addr[peer] + _word(slot, epoch) * SLOT_BYTES,
+                                      value)
+        self._awaited.append((peer, slot, epoch, value, what))
 
-    def _read_device_flag(self, peer: int, slot: str) -> int:
+    def _read(self, peer: int, word: int) -> int:
+        # Flag words hold values < 2**31 in their low half (32-bit writes on NVIDIA).
+        return int(self._words[peer][word]) if self._host_visible else self._read_device_word(
+            peer, word)
+
+    def _read_device_word(self, peer: int, word: int) -> int:
         # A side stream, not the (possibly blocked) caller's; bounded like everything else.
         probe = torch.cuda.Stream(self.flags.local.device)
         host = torch.empty(1, dtype=torch.int64, pin_memory=True)
         with torch.cuda.stream(probe):
-            host.copy_(self._words[peer][_slot(slot):_slot(slot) + 1], non_blocking=True)
+            host.copy_(self._words[peer][word:word + 1], non_blocking=True)
             done = torch.cuda.Event()
             done.record(probe)
         deadline = time.monotonic() + self.timeout_ms / 1000.0
@@ -215,28 +363,40 @@ class GpuSignals(Signals):
         start = time.monotonic()
         while not self._last_event.query():
             if (time.monotonic() - start) * 1000.0 > bound:
-                self._report_missing((time.monotonic() - start) * 1000.0)
+                try:
+                    self._report_missing((time.monotonic() - start) * 1000.0)
+                except BaseException as e:
+                    self.fail(e)
+                    raise
             time.sleep(5e-5)
         self._awaited.clear()
 
+    def _satisfied(self, peer: int, slot: str, epoch: int, value: int) -> bool:
+        seen = self._read(peer, _word(slot, epoch))
+        return ((seen - value) & MASK32) < 2 ** 31 if slot == "done" else seen == value
+
     def _report_missing(self, waited_ms: float) -> None:
-        stuck = []
-        for (peer, slot), (epoch, what) in sorted(self._awaited.items()):
-            seen = self.peer_value(peer, slot)
-            if seen < epoch:
-                stuck.append((peer, slot, epoch, seen, what))
+        stuck = [a for a in self._awaited if not self._satisfied(*a[:4])]
         if not stuck:
             raise PeerTimeoutError(
                 f"rank {self.rank}: the stream did not finish within {waited_ms:.0f} ms although "
                 "every awaited peer flag is up: the GPU is busy or hung, not waiting on a peer")
         released = ""
         if self._host_visible:
-            for peer, slot, epoch, _, _ in stuck:
-                self._words[peer][_slot(slot)] = epoch
+            # The earliest wait per word first: later calls reuse ring slots.
+            for peer, slot, epoch, value, _ in reversed(stuck):
+                self._words[peer][_word(slot, epoch)] = value
             released = (" The blocked stream was released by writing the awaited flag values "
                         "(so the GPU is not left hung); results of that call are garbage.")
-        peer, slot, epoch, seen, what = stuck[0]
         self._awaited.clear()
+        peer, slot, epoch, value, what = stuck[0]
+        if self._host_visible and self._read(peer, _HEADER["abort"]):
+            raise PeerAbortedError(self._aborted_message(peer, what) + released)
+        peer_epoch = self._read(peer, _HEADER["epoch"]) if self._host_visible else -1
+        if slot != "done" and peer_epoch >= epoch:
+            raise CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what)
+                                          + released)
+        seen = self._read(peer, _word(slot, epoch))
         raise PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what, waited_ms)
                                + (f" Also missing: {[(p, s, e) for p, s, e, _, _ in stuck[1:]]}."
                                   if len(stuck) > 1 else "") + released)

@@ -13,6 +13,12 @@ in the seed). Inside:
   all-reduce in place. No stream or event API: this arm runs inside decode's captured
   CUDA graphs.
 - otherwise: the sliced pipeline of :mod:`overlap.pipeline` with the chosen backend.
+
+The op is collective and ordered: every rank makes the same calls in the same order.
+The backends check that on every call (:mod:`backends.call_contract`) and raise on
+every rank that sees a late, missing or mismatched peer; one runtime serves one call
+at a time (a second thread entering while a call is in flight raises), and a backend
+that is not ``capture_safe`` refuses the sliced path inside CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from backends.call_contract import CollectiveError
 from overlap import producers
 from overlap.pipeline import run_sliced
 from overlap.producers import Producer
@@ -61,20 +68,54 @@ def forward(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
     if x.device != rt.world.device:
         raise ValueError(f"radiance::linear_ar: x is on {x.device}, this rank's device is "
                          f"{rt.world.device}")
+    with rt.one_call_at_a_time():
+        return _forward(rt, prod, x, weight, weight_scale)
+
+
+def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.Tensor,
+             weight_scale: Optional[torch.Tensor]) -> torch.Tensor:
     rows, cols = x.shape[0], weight.shape[0]
+    backend = rt.backend
+    sliced = rows >= rt.settings.min_m and backend.pipelined
+    if sliced and x.is_cuda and torch.cuda.is_current_stream_capturing() \
+            and not backend.capture_safe:
+        raise RuntimeError(
+            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (its call "
+            f"numbers are host integers a graph replay would repeat), so its sliced path "
+            f"(M = {rows} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
+            "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
+            "choose a capture-safe backend")
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     prepared = prod.prepare(x, weight, weight_scale, rt.scratch)
-    backend = rt.backend
-    if rows < rt.settings.min_m or not backend.pipelined:
+    if not sliced:
         prod.launch(prepared, 0, rows, out, _current_stream_handle(x.device))
-        rt.stock.all_reduce(out, out)
+        with backend.vendor_call(out):
+            rt.stock.all_reduce(out, out)
         return out
-    backend.ensure_capacity(rows, cols, out.dtype)
-    y = (backend.input_view(rows, cols, out.dtype) if backend.peer_visible_input
-         else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
-    bounds = slice_bounds(rows, rt.settings.slices)
-    run_sliced(prepared, prod, backend, y, out, bounds, rt.lanes())
+    backend.call_key = (rows, x.shape[1])
+    try:
+        backend.ensure_capacity(rows, cols, out.dtype)
+        y = (backend.input_view(rows, cols, out.dtype) if backend.peer_visible_input
+             else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
+        run_sliced(prepared, prod, backend, y, out, slice_bounds(rows, rt.settings.slices),
+                   rt.lanes())
+    except CollectiveError:
+        _release_peer_in_vendor_call(rt)
+        raise
     return out
+
+
+def _release_peer_in_vendor_call(rt: OverlapRuntime) -> None:
+    """A peer took the decode path (vendor all-reduce) for a call this rank sliced: join
+    its collective once with NaN so it is not left blocked until the vendor's timeout.
+    It then reads this rank's abort word and raises too (``Backend.vendor_call``)."""
+    signals = rt.backend.signals
+    sig = signals.missed_vendor_call() if signals is not None else None
+    if sig is None or rt.stock_reason() is not None:
+        return
+    nan = torch.full((sig.rows, sig.cols), float("nan"), dtype=sig.dtype, device=rt.world.device)
+    rt.stock.all_reduce(nan, nan)
+    signals.vendor_calls += 1
 
 
 def _current_stream_handle(device: torch.device) -> int:

@@ -9,7 +9,10 @@ ranks, each with its own runtime.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass, field
+from typing import Iterator
 
 
 import backends
@@ -28,6 +31,8 @@ class OverlapRuntime:
     scratch: ScratchPool = field(default_factory=ScratchPool)
     _lanes: Lanes | None = None
     _stock: Backend | None = None
+    _call_lock: threading.Lock = field(default_factory=threading.Lock)
+    _call_thread: str | None = None
 
     @property
     def stock(self) -> Backend:
@@ -40,6 +45,28 @@ class OverlapRuntime:
             self._stock = (self.backend if self.backend.name == "stock"
                            else backends.get("stock")(self.world))
         return self._stock
+
+    def stock_reason(self) -> str | None:
+        """Why the vendor collective cannot serve this world (None: it can)."""
+        return backends.get("stock").unsupported_reason(self.world)
+
+    @contextlib.contextmanager
+    def one_call_at_a_time(self) -> Iterator[None]:
+        """The op's calls are collective and ordered; two threads interleaving calls on
+        one runtime would pair the wrong calls across ranks. A second thread entering
+        while a call is in flight raises (it does not wait: its call would be ordered
+        by chance, not by program order, across ranks)."""
+        if not self._call_lock.acquire(blocking=False):
+            raise RuntimeError(
+                f"radiance::linear_ar: thread {threading.current_thread().name!r} entered the "
+                f"op while thread {self._call_thread!r} has a call in flight on this runtime; "
+                "calls are collective and must come from one thread per rank, in one order")
+        self._call_thread = threading.current_thread().name
+        try:
+            yield
+        finally:
+            self._call_thread = None
+            self._call_lock.release()
 
     def lanes(self) -> Lanes:
         # Created on the first sliced call only: the decode path never touches streams.

@@ -1,0 +1,125 @@
+"""The call contract at the flag level: exact tags, mismatches, abort words, the fault
+state and resync, on two CpuSignals sharing their words in one process (the real-process
+scenarios are in tests/test_misuse.py)."""
+
+import time
+
+import pytest
+import torch
+
+from backends.call_contract import (CallSignature, CollectiveMismatchError, PeerAbortedError,
+                                    PeerTimeoutError, ResyncRequiredError, device_tag, host_tag)
+from backends.peer_memory import PeerBuffer
+from backends.signals import FLAG_BYTES, PASSIVE_EPOCH, CpuSignals
+
+BF16 = torch.bfloat16
+
+
+def pair(timeout_ms=150.0):
+    peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
+    return [CpuSignals(PeerBuffer("flags", FLAG_BYTES, r, peers), r, 2, timeout_ms, "test")
+            for r in range(2)]
+
+
+def sig(rows=4, cols=256, dtype=BF16, path="flags", m=0, k=0):
+    return CallSignature(rows, cols, dtype, path, m, k)
+
+
+def test_signature_round_trips_through_header_words_and_tags_differ():
+    s = sig(12, 5120, torch.float16, "vendor", 8192, 4352)
+    assert CallSignature.from_words(s.words()) == s
+    assert host_tag(3, s) >> 32 == 3
+    tags = {host_tag(3, sig(rows)) for rows in (4, 5, 6)} | {host_tag(4, sig())}
+    assert len(tags) == 4 and 0 not in tags
+    assert device_tag(3, sig()) != device_tag(4, sig()) and device_tag(3, sig()) != 0
+
+
+def test_a_posted_call_with_the_same_signature_passes_and_done_is_monotonic():
+    s0, s1 = pair()
+    with s0.call(sig()) as t0, s1.call(sig()) as t1:
+        assert t0 == t1 == 1
+        s1.post("ready", t1)
+        s0.wait(1, "ready", t0)
+        s1.post("done", t1)
+        s0.wait(1, "done", 1)
+    with s0.call(sig()) as t:  # call 2: the peer's done of call 1 is no longer enough
+        with pytest.raises(PeerTimeoutError, match="'done' for call \\(epoch\\) 2"):
+            s0.wait(1, "done", t)
+
+
+def test_another_shape_is_a_mismatch_naming_both_views_on_both_ranks():
+    s0, s1 = pair()
+    with s1.call(sig(rows=16, m=64, k=32)) as t:
+        s1.post("ready", t)
+    start = time.monotonic()
+    with pytest.raises(CollectiveMismatchError) as e:
+        with s0.call(sig(rows=12, m=48, k=32)) as t:
+            s0.post("ready", t)
+            s0.wait(1, "ready", t)
+    assert time.monotonic() - start < 0.1  # at once, not at the bound
+    msg = str(e.value)
+    assert "12x256 bfloat16" in msg and "M=48" in msg and "16x256 bfloat16" in msg and "M=64" in msg
+    # the waiter gave up: its abort word tells the peer, whose wait then raises too
+    s1.epoch -= 1  # replay rank 1's wait of the same call
+    with pytest.raises(PeerAbortedError, match="peer rank 0 gave up on call \\(epoch\\) 1"):
+        with s1.call(sig(rows=16, m=64, k=32)) as t:
+            s1.wait(0, "ready", t)
+
+
+def test_a_rank_far_behind_sees_a_newer_call_in_its_slot_and_raises():
+    s0, s1 = pair()
+    s1.epoch = 128  # rank 1's call 129 lands in ring slot 1, where rank 0 awaits call 1
+    with s1.call(sig()) as t:
+        s1.post("ready", t)
+    with pytest.raises(CollectiveMismatchError, match="rank 1 is in call 129"):
+        with s0.call(sig()) as t:
+            s0.wait(1, "ready", t)
+
+
+def test_after_an_error_every_call_is_refused_until_resync():
+    s0, s1 = pair(timeout_ms=50.0)
+    with pytest.raises(PeerTimeoutError):
+        with s0.call(sig()) as t:
+            s0.post("ready", t)
+            s0.wait(1, "ready", t)
+    with pytest.raises(ResyncRequiredError, match="PeerTimeoutError.*resync"):
+        with s0.call(sig()):
+            pass
+    with pytest.raises(ResyncRequiredError):
+        s0.announce_vendor_call(sig(path="vendor"))
+    # "collective": both sides in one thread, with a no-op barrier
+    barrier = lambda: None  # noqa: E731
+    assert s0.resync(barrier) == 1 and s1.resync(barrier) == 1
+    with s0.call(sig()) as t0, s1.call(sig()) as t1:
+        assert t0 == t1 == 2
+        s0.post("ready", t0)
+        s1.post("ready", t1)
+        s0.wait(1, "ready", t0)
+        s1.wait(0, "ready", t1)
+
+
+def test_a_peer_in_a_vendor_call_this_rank_never_made_is_a_mismatch_at_once():
+    s0, s1 = pair(timeout_ms=5000.0)
+    s1.announce_vendor_call(sig(rows=40, path="vendor"))
+    start = time.monotonic()
+    with pytest.raises(CollectiveMismatchError, match="vendor all-reduce"):
+        with s0.call(sig(rows=16, m=64)) as t:
+            s0.wait(1, "ready", t)
+    assert time.monotonic() - start < 1.0
+    missed = s0.missed_vendor_call()
+    assert missed is not None and (missed.rows, missed.path) == (40, "vendor")
+    with pytest.raises(PeerAbortedError):  # rank 1, back from its vendor call
+        s1.check_vendor_call()
+
+
+def test_passive_peers_pass_every_wait():
+    s0, _ = pair()
+    s0.set_passive(1)
+    with s0.call(sig()) as t:
+        s0.wait(1, "ready", t)
+        s0.wait(1, "reduced", t)
+        s0.wait(1, "done", t)
+    assert s0.peer_value(1, "done") == PASSIVE_EPOCH
+    with pytest.raises(ValueError, match="slot 'go'"):
+        with s0.call(sig()) as t:
+            s0.post("go", t)
