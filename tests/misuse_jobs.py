@@ -1,0 +1,125 @@
+"""Misuse scenarios run on every rank of a CPU world (module-level for the pool's pickling).
+
+Each job drives the op (``overlap.forward``) the way a broken caller would and records,
+per rank and per call, either the error it raised or how far its result is from the
+float64 reference. The tests then assert that no call returned a wrong result and that
+every affected rank raised; after ``resync()`` a good call must be right again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import overlap
+from backends.world import World
+from overlap.config import OverlapSettings
+from world_jobs import reference, rel_rms, shard
+
+N = 256  # one wht6 block: every backend serves it
+MIN_M = 48
+SLICES = 4
+
+
+def _runtime(world: World, backend: str, timeout_ms: float) -> overlap.OverlapRuntime:
+    """A runtime whose buffers are grown by one good call on every rank (growth is a
+    collective of the world's memory: a late rank would be waited for there, unbounded
+    by the spin bound, instead of in the flags)."""
+    os.environ["RADIANCE_AR_SPIN_TIMEOUT_MS"] = str(timeout_ms)
+    try:
+        rt = overlap.build(world, OverlapSettings(True, backend, MIN_M, SLICES))
+    finally:
+        del os.environ["RADIANCE_AR_SPIN_TIMEOUT_MS"]
+    warm = _call(rt, world, 64, 64, seed=0)
+    assert "error" not in warm and warm["rel"] <= warm["bound"], warm
+    dist.barrier(group=world.group)
+    return rt
+
+
+def _call(rt: overlap.OverlapRuntime, world: World, rows: int, k: int, seed: int,
+          peers_rows: int | None = None) -> dict:
+    """One op call; {"error": type, "message": ...} or {"rel": error vs the reference}.
+    ``peers_rows``: the rows every OTHER rank uses (None: the same), for the reference."""
+    x, w = shard(seed, world.rank, rows, N, k)
+    try:
+        out = overlap.forward(rt, x, w, None, "bf16")
+    except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
+        return {"error": type(e).__name__, "message": str(e)}
+    if peers_rows is not None and peers_rows != rows:
+        return {"rel": float("inf")}  # a result where the ranks disagree is wrong by definition
+    ref = reference(seed, world.size, rows, N, k)
+    return {"rel": rel_rms(out, ref), "bound": rt.backend.rel_rms_bound, "out": out, "ref": ref}
+
+
+def _resync_and_good_call(rt: overlap.OverlapRuntime, world: World, res: dict) -> dict:
+    dist.barrier(group=world.group)
+    rt.backend.resync()
+    res["after_resync"] = _call(rt, world, 64, 32, seed=99)
+    rt.close()
+    return res
+
+
+def late_peer_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """Rank 1 starts its call 1.5 bounds late; then both ranks call again."""
+    rt = _runtime(world, backend, timeout_ms)
+    if world.rank == 1:
+        time.sleep(1.5 * timeout_ms / 1000.0)
+    res = {"calls": [_call(rt, world, 64, 32, seed=1)]}
+    dist.barrier(group=world.group)
+    res["calls"].append(_call(rt, world, 64, 32, seed=2))
+    return _resync_and_good_call(rt, world, res)
+
+
+def disagree_on_m_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """Both ranks on the sliced path, rank 0 with M = 64 and rank 1 with M = 48."""
+    rt = _runtime(world, backend, timeout_ms)
+    mine, theirs = (64, 48) if world.rank == 0 else (48, 64)
+    return _resync_and_good_call(rt, world, {"calls": [_call(rt, world, mine, 32, 3, theirs)]})
+
+
+def mixed_paths_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """Rank 1 has M = 40 (< MIN_M: decode path, the vendor all-reduce); rank 0 slices 64."""
+    rt = _runtime(world, backend, timeout_ms)
+    mine, theirs = (64, 40) if world.rank == 0 else (40, 64)
+    start = time.monotonic()
+    res = {"calls": [_call(rt, world, mine, 32, 4, theirs)]}
+    res["elapsed"] = time.monotonic() - start
+    return _resync_and_good_call(rt, world, res)
+
+
+def skipped_call_job(world: World, backend: str, timeout_ms: float, same_shape: bool) -> dict:
+    """Rank 0 skips call 1 (it raised before the op). ``same_shape``: it waits out the
+    peer's bound first; else its next call is at once, a linear of another K."""
+    rt = _runtime(world, backend, timeout_ms)
+    res = {"calls": []}
+    if world.rank == 1:
+        res["calls"].append(_call(rt, world, 64, 32, seed=5))
+    elif same_shape:
+        time.sleep(2 * timeout_ms / 1000.0)
+    k_next = 32 if same_shape else 64
+    res["calls"].append(_call(rt, world, 64, k_next, seed=6))
+    return _resync_and_good_call(rt, world, res)
+
+
+def two_threads_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """On rank 0 a second thread enters the op while the first one's call waits for
+    rank 1 (which comes late, within the bound)."""
+    rt = _runtime(world, backend, timeout_ms)
+    res: dict = {"calls": []}
+    if world.rank == 0:
+        first: dict = {}
+        t = threading.Thread(target=lambda: first.update(_call(rt, world, 64, 32, seed=7)))
+        t.start()
+        time.sleep(0.2 * timeout_ms / 1000.0)
+        res["second_thread"] = _call(rt, world, 64, 32, seed=8)
+        t.join()
+        res["calls"].append(first)
+    else:
+        time.sleep(0.5 * timeout_ms / 1000.0)
+        res["calls"].append(_call(rt, world, 64, 32, seed=7))
+    rt.close()
+    return res

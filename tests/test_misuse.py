@@ -1,0 +1,88 @@
+"""No silent wrong result: misuse scenarios in real CPU worlds (2 gloo processes), for
+every backend with a protocol of its own. Each call either raises or is right; every
+affected rank raises; after resync() a fresh call is right on every rank."""
+
+import time
+
+import pytest
+import torch
+
+import misuse_jobs
+import world_jobs
+
+BOUND_MS = 200.0
+BACKENDS = world_jobs.waiting_backends()
+COLLECTIVE_ERRORS = {"PeerTimeoutError", "CollectiveMismatchError", "PeerAbortedError",
+                     "ResyncRequiredError"}
+
+
+def check(res, must_raise_on=(0, 1)):
+    for rank, r in enumerate(res):
+        for i, c in enumerate(r["calls"]):
+            if "error" in c:
+                assert c["error"] in COLLECTIVE_ERRORS, (rank, i, c)
+            else:
+                assert c["rel"] <= c["bound"], f"rank {rank} call {i}: a wrong result, no error"
+        if rank in must_raise_on:
+            assert any("error" in c for c in r["calls"]), f"rank {rank} raised nothing"
+    world_jobs.assert_right_on_every_rank([r["after_resync"] for r in res])
+
+
+@pytest.fixture(scope="module")
+def pool(cpu_world):
+    return cpu_world(2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_late_peer_raises_on_both_ranks_and_later_calls_refuse_until_resync(pool, backend):
+    res = pool.run(misuse_jobs.late_peer_job, backend, BOUND_MS)
+    check(res)
+    assert res[0]["calls"][0]["error"] == "PeerTimeoutError", res[0]["calls"][0]
+    assert res[1]["calls"][0]["error"] == "PeerAbortedError", res[1]["calls"][0]
+    for r in res:  # the second call: refused on both, whatever the first said
+        assert r["calls"][1]["error"] == "ResyncRequiredError", r["calls"][1]
+        assert "resync()" in r["calls"][1]["message"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranks_that_disagree_on_m_raise_a_mismatch_naming_both_views(pool, backend):
+    res = pool.run(misuse_jobs.disagree_on_m_job, backend, BOUND_MS)
+    check(res)
+    for r in res:
+        c = r["calls"][0]
+        assert c["error"] in ("CollectiveMismatchError", "PeerAbortedError"), c
+    mismatch = next(r["calls"][0]["message"] for r in res
+                    if r["calls"][0]["error"] == "CollectiveMismatchError")
+    assert "M=64" in mismatch and "M=48" in mismatch, mismatch
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_paths_raise_on_both_ranks_within_the_bound_not_the_collective_timeout(
+        pool, backend):
+    res = pool.run(misuse_jobs.mixed_paths_job, backend, BOUND_MS)
+    check(res)
+    assert res[0]["calls"][0]["error"] == "CollectiveMismatchError"
+    assert "vendor all-reduce" in res[0]["calls"][0]["message"]
+    assert res[1]["calls"][0]["error"] == "PeerAbortedError"
+    assert max(r["elapsed"] for r in res) < 5.0  # the pool's gloo timeout is 60 s
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("same_shape", [True, False], ids=["same-shape-late", "other-K-at-once"])
+def test_a_skipped_call_raises_on_every_rank(pool, backend, same_shape):
+    res = pool.run(misuse_jobs.skipped_call_job, backend, BOUND_MS, same_shape)
+    check(res)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_thread_in_flight_is_refused_and_the_first_call_is_right(pool, backend):
+    start = time.monotonic()
+    res = pool.run(misuse_jobs.two_threads_job, backend, 2000.0)
+    second = res[0]["second_thread"]
+    assert second.get("error") == "RuntimeError" and "second" not in second["message"] \
+        and "has a call in flight" in second["message"], second
+    for rank, r in enumerate(res):
+        c = r["calls"][0]
+        assert "error" not in c and c["rel"] <= c["bound"], (rank, c)
+        assert torch.equal(c["out"], res[0]["calls"][0]["out"])
+    assert time.monotonic() - start < 30
