@@ -92,6 +92,10 @@ class CallSignature:
     def hash32(self) -> int:
         return zlib.crc32(repr(tuple(self.words())).encode()) & 0xFFFFFFFF
 
+    def hash31(self) -> int:
+        """A positive 31-bit hash, for kernels that take it as an int32 argument."""
+        return (self.hash32() >> 1) or 1
+
     def describe(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
         where = "the vendor all-reduce (decode path)" if self.path == "vendor" else "the sliced path"

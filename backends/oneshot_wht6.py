@@ -51,13 +51,12 @@ import torch
 from backends import envs, wht6
 from backends.interface import SUPPORTED_DTYPES, Backend, check_slice, refuse_growth_in_capture
 from backends.registry import register
-from backends.call_contract import FaultState
+from backends.call_contract import CollectiveMismatchError, FaultState
+from backends.kernels import oneshot_wht6 as kernel
 from backends.signals import FLAG_BYTES, CpuSignals, PeerTimeoutError
 from backends.world import World
 
 MAX_WORLD = 8  # payload/flag pointer arguments of the kernel
-#: flag value of a passive peer (timing mode): above any epoch a run reaches
-PASSIVE_EPOCH = 2 ** 62
 _KINDS = ("cpu-shm", "gpu-symm", "gpu-emulated", "single")
 
 
@@ -69,7 +68,8 @@ def _check_cols(where: str, cols: int) -> None:
 
 
 def _flag_bytes(ctas: int) -> int:
-    return max(FLAG_BYTES, -(-ctas * 8 // 64) * 64)
+    # GPU: per CTA an epoch flag and two signature slots (kernels.oneshot_wht6); CPU: Signals.
+    return max(FLAG_BYTES, -(-3 * ctas * 8 // 64) * 64)
 
 
 @register("oneshot_wht6", aliases=("r4d",))
@@ -109,7 +109,7 @@ class OneshotWht6Backend(Backend):
         #: the call contract's fault state (CPU: the flags'; GPU: the kernel's error words)
         self.faults = self.signals.faults if self.signals is not None else FaultState(self.name)
         if self.gpu and world.size > 1:
-            self._err = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+            self._err = torch.zeros(3, dtype=torch.int64, pin_memory=True)
             self._done = torch.cuda.Event()
             self._enqueued = False
             self._retired: list = []  # replaced own copies a call in flight may still read
@@ -152,12 +152,10 @@ class OneshotWht6Backend(Backend):
             raise TypeError(f"oneshot_wht6.ensure_capacity: dtype {dtype}, expected one of "
                             f"{SUPPORTED_DTYPES}")
         _check_cols("oneshot_wht6.ensure_capacity", cols)
-        from backends.kernels.oneshot_wht6 import payload_bytes_per_row
-
         self._cols = cols
         if self.world.size == 1:
             return
-        need = max_rows * payload_bytes_per_row(cols)
+        need = max_rows * kernel.payload_bytes_per_row(cols)
         if need > self.capacity:
             refuse_growth_in_capture(f"oneshot_wht6 payload buffers ({need} B per region)",
                                      self.world.device)
@@ -176,9 +174,7 @@ class OneshotWht6Backend(Backend):
                 out.copy_(slice_in)
             return
         self.faults.refuse_if_faulted()
-        from backends.kernels.oneshot_wht6 import payload_bytes_per_row
-
-        nbytes = rows * payload_bytes_per_row(cols)
+        nbytes = rows * kernel.payload_bytes_per_row(cols)
         if nbytes > self.capacity:
             raise ValueError(f"oneshot_wht6.all_reduce: {rows}x{cols} needs a {nbytes} B payload "
                              f"region, capacity is {self.capacity} B: call ensure_capacity first")
@@ -241,10 +237,7 @@ class OneshotWht6Backend(Backend):
         if self.capacity == 0:
             raise ValueError("oneshot_wht6.fill_passive_peers: call ensure_capacity first "
                              "(and in a world of more than one rank)")
-        from backends import wht6
-        from backends.kernels.oneshot_wht6 import payload_bytes_per_row
-
-        cols, row_bytes = self._cols, payload_bytes_per_row(self._cols)
+        cols, row_bytes = self._cols, kernel.payload_bytes_per_row(self._cols)
         g = torch.Generator().manual_seed(seed)
         rows = max(1, min(64, self.capacity // row_bytes))
         sample = wht6.encode(torch.randn(rows, cols, generator=g).to(torch.bfloat16))
@@ -258,7 +251,7 @@ class OneshotWht6Backend(Backend):
                 if self.signals is not None:
                     self.signals.set_passive(p)
                 else:
-                    self._words(p).fill_(PASSIVE_EPOCH)
+                    self._words(p).fill_(kernel.PASSIVE_EPOCH)
         if self.gpu:
             torch.cuda.synchronize(self.world.device)
 
@@ -310,8 +303,6 @@ class OneshotWht6Backend(Backend):
     def _warm_up(self, cols: int, dtype: torch.dtype) -> None:
         """Compile the kernel for (cols, dtype) before any peer can wait on this rank, for
         every pointer alignment a row slice can have, then meet the peers."""
-        from backends.kernels import oneshot_wht6 as kernel
-
         elem = dtype.itemsize
         rows = 1 if cols * elem % 16 == 0 else 2
         x = torch.zeros(rows, cols, dtype=dtype, device=self.world.device)
@@ -323,8 +314,6 @@ class OneshotWht6Backend(Backend):
         self.world.memory.barrier()
 
     def _all_reduce_gpu(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
-        from backends.kernels import oneshot_wht6 as kernel
-
         if (slice_in.dtype, slice_in.shape[1]) not in self._warm:
             raise ValueError(f"oneshot_wht6.all_reduce: no ensure_capacity for "
                              f"{slice_in.shape[1]} {slice_in.dtype} columns yet (it compiles "
@@ -334,30 +323,37 @@ class OneshotWht6Backend(Backend):
             self._retired.clear()
             self._raise_recorded()
         kernel.launch(slice_in, out, *self._args, self.world.rank, self.capacity,
-                      self.timeout_ms, self.ctas)
+                      self.timeout_ms, self.ctas, sig=self.signature(slice_in).hash31())
         if not capturing:
             self._done.record(torch.cuda.current_stream(self.world.device))
             self._enqueued = True
 
     def _raise_recorded(self) -> None:
         """Turn the kernel's error words into an exception (only once they are final)."""
-        epoch, peer = int(self._err[0]), int(self._err[1]) - 1
+        epoch, peer, kind = (int(w) for w in self._err)
+        peer -= 1
         if peer < 0:
             return
         self._err.zero_()
-        error = PeerTimeoutError(
-            f"rank {self.world.rank}: peer rank {peer} did not post its flag for call (epoch) "
-            f"{epoch} of oneshot_wht6 all_reduce within {self.timeout_ms:.0f} ms "
-            "(RADIANCE_AR_SPIN_TIMEOUT_MS sets the bound): that rank is missing, stuck or out "
-            "of step (every rank must make the same calls with the same "
-            "RADIANCE_AR_ONESHOT_CTAS). The kernel gave up, so that call's output is garbage; "
-            "call resync() on every rank before the next call")
+        after = ("The kernel carried on, so that call's output is garbage; call resync() on "
+                 "every rank before the next call")
+        if kind == 2:
+            error: Exception = CollectiveMismatchError(
+                f"rank {self.world.rank}: peer rank {peer} posted call (epoch) {epoch} of "
+                "oneshot_wht6 all_reduce with another signature (rows, cols, dtype, or the "
+                "linear's M and K), or is in another call: every rank must make the same calls "
+                f"with the same shapes. {after}")
+        else:
+            error = PeerTimeoutError(
+                f"rank {self.world.rank}: peer rank {peer} did not post its flag for call "
+                f"(epoch) {epoch} of oneshot_wht6 all_reduce within {self.timeout_ms:.0f} ms "
+                "(RADIANCE_AR_SPIN_TIMEOUT_MS sets the bound): that rank is missing, stuck or "
+                "out of step (every rank must make the same calls with the same "
+                f"RADIANCE_AR_ONESHOT_CTAS). {after}")
         self.faults.record(error)
         raise error
 
     def _all_reduce_cpu(self, slice_in: torch.Tensor, out: torch.Tensor, nbytes: int) -> None:
-        from backends import wht6
-
         rows, cols = slice_in.shape
         with self.signals.call(self.signature(slice_in)) as t:
             lo = (t % 2) * self.capacity

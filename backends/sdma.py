@@ -17,7 +17,8 @@ Schedules (``RADIANCE_AR_SDMA_SCHEDULE`` or the ``schedule`` argument):
   or the slice is under 1 MiB (a DMA op costs ~6 us to dispatch and reaches 52 GB/s
   only from ~1 MiB per op, mori on MI355X), else two-shot (half the bytes at W = 4).
 
-One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream::
+One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream
+(in the emulated world the publishes run beside it: :mod:`backends.publish_lane`)::
 
   rank r stream : [fence] publish ready_r=t  wait ready_p>=t  pull p   done_r=t  reduce
   rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  reduce
@@ -63,8 +64,10 @@ from backends.copy_engine import CopyEngine, bindings_reason, platform
 from backends.interface import (SUPPORTED_DTYPES, Backend, check_slice, copy_unless_same,
                                 refuse_growth_in_capture)
 from backends.peer_memory import typed_view
+from backends.publish_lane import PublishLane
 from backends.registry import register
-from backends.signals import FLAG_BYTES, CpuSignals, GpuSignals, Signals
+from backends.gpu_signals import GpuSignals
+from backends.signals import FLAG_BYTES, CpuSignals, Signals
 from backends.world import World
 
 SCHEDULES = ("auto", "oneshot", "twoshot")
@@ -138,6 +141,8 @@ class SdmaBackend(Backend):
             (world.kind, self.platform)]
         self.emulated = world.kind == "gpu-emulated"
         self.engine = CopyEngine(world.device) if world.size > 1 else None
+        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D)
+        self._lane = PublishLane(world.device) if self.emulated and world.size > 1 else None
         self.signals: Signals | None = None
         if world.size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
@@ -254,7 +259,7 @@ class SdmaBackend(Backend):
 
     def check(self, timeout_ms: float | None = None) -> None:
         """Host-side bounded wait for every call enqueued so far (GPU); raises naming a
-        missing peer (:meth:`backends.signals.GpuSignals.check`). CPU: waits are inline."""
+        missing peer (:meth:`backends.gpu_signals.GpuSignals.check`). CPU: waits are inline."""
         if self.signals is not None:
             self.signals.check(timeout_ms)
 
@@ -356,12 +361,28 @@ class SdmaBackend(Backend):
         if inside and off % slice_in.element_size():
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
         off = off if inside else 0  # outside: staged at offset 0 (every rank alike)
-        self._fence(off, off + nbytes, stream)
-        mine = self._pub.local[off:off + nbytes]
-        if not inside or self.emulated:
-            self.engine.copy(mine, slice_in, stream)  # staging copy / emulated D2H publish
-        self.signals.post("ready", t, stream)
+        copy = not inside or self.emulated  # a staging copy / the emulated D2H publish
+        self._post_publish(t, "ready", self._pub.local[off:off + nbytes] if copy else None,
+                           slice_in, stream, fence=(off, off + nbytes))
         return off, slice_in.reshape(-1)
+
+    def _post_publish(self, t: int, slot: str, dst: torch.Tensor | None, src: torch.Tensor,
+                      stream: int, fence: tuple[int, int] | None = None) -> None:
+        """Copy ``src`` into my peer-visible ``dst`` (None: already there) and post ``slot``
+        of call ``t``, after the reuse ``fence`` of those bytes: on the publish lane where
+        there is one (:mod:`backends.publish_lane`), else on ``stream``."""
+        def publish(on: int) -> None:
+            if fence is not None:
+                self._fence(*fence, on)
+            if dst is not None:
+                self.engine.copy(dst, src, on)
+            self.signals.post(slot, t, on)
+
+        if self._lane is None:
+            publish(stream)
+            return
+        with self._lane.publishing(0 if slot == "ready" else 1) as lane:
+            publish(lane)
 
     def _pull(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> None:
         self.pulled_bytes += self.engine.copy(dst, src, stream)
@@ -397,10 +418,11 @@ class SdmaBackend(Backend):
         if self.world.kind == "gpu-symm":
             # red is this GPU's memory: the kernel writes it too (no same-device D2D copy).
             self._reduce(operands, flat[lo:hi], also=mine)
+            self.signals.post("reduced", t, stream)
         else:
             self._reduce(operands, flat[lo:hi])
-            self.engine.copy(mine, flat[lo:hi], stream)  # host copy / emulated D2H publish
-        self.signals.post("reduced", t, stream)
+            # host copy / emulated D2H publish (peers' shards land in flat[a:b], disjoint)
+            self._post_publish(t, "reduced", mine, flat[lo:hi], stream)
         for p in self._peer_order():
             self.signals.wait(p, "reduced", t, stream, what)
             a, b = bounds[p], bounds[p + 1]
@@ -431,6 +453,8 @@ class SdmaBackend(Backend):
 
     def _finish(self, t: int, off: int, nbytes: int, stream: int) -> None:
         self._pending.append((t, off, off + nbytes))
+        if self._lane is not None:
+            self._lane.join()
         self.signals.end_call(stream)
 
     def _quiesce(self) -> None:

@@ -9,7 +9,7 @@ its own payload too, so every rank sums identical values and holds identical bit
 
 One call of rank r, epoch t (one-shot only: a two-shot would quantize twice)::
 
-    stream r : fence | encode(slice) -> pub_r (emulated: -> stage, D2H -> pub_r)
+    stream r : fence | encode(slice) -> pub_r (emulated: -> stage, D2H -> pub_r on the lane)
                | ready_r = t | for p: wait ready_p >= t, pull pub_p -> recv_p
                | done_r = t | decode_accumulate(pub_r.., recv_p..) -> out
 
@@ -80,13 +80,15 @@ class SdmaWht6Backend(SdmaBackend):
         nbytes = self._check_fits(shape[0] * shape[1])
         stream = self._stream()
         with self.signals.call(self.signature(slice_in)) as t:
-            self._fence(0, nbytes, stream)
-            mine = self._pub.local[:nbytes]
+            if not self.emulated:  # the encode below writes the peer-visible buffer itself
+                self._fence(0, nbytes, stream)
             encoded = (self._stage if self.emulated else self._pub.local)[:nbytes].view(shape)
             wht6.encode(slice_in, out=encoded)
-            if self.emulated:
-                self.engine.copy(mine, encoded.view(-1), stream)  # the D2H publish
-            self.signals.post("ready", t, stream)
+            if self.emulated:  # the D2H publish, fenced, on the publish lane
+                self._post_publish(t, "ready", self._pub.local[:nbytes], encoded.view(-1),
+                                   stream, fence=(0, nbytes))
+            else:
+                self.signals.post("ready", t, stream)
             pulled = self._pull_all(t, 0, nbytes, stream)
             payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
                         for q in range(self.world.size)]

@@ -31,11 +31,11 @@ Two implementations:
   :class:`PeerTimeoutError` naming the missing peer, the slot, the epoch and the call.
   x86-64 keeps stores and loads in order (TSO), so data written before a flag is
   visible to a reader that saw the flag.
-- :class:`GpuSignals` (GPU worlds): stream write-value / wait-value operations
+- :class:`backends.gpu_signals.GpuSignals` (GPU worlds): stream write-value / wait-value operations
   (:mod:`backends.copy_engine`), executed by the GPU's front end: no kernel spins.
   Tags are 32-bit hashes of (epoch, signature) waited on with EQ.
   A stream wait-value has NO timeout of its own. The bound is host-side and honest:
-  :meth:`GpuSignals.check` waits (polling an event) at most the timeout from the moment
+  :meth:`~backends.gpu_signals.GpuSignals.check` waits (polling an event) at most the timeout from the moment
   it is called, then reads the peers' flags and raises naming the peer that never
   posted. Where the flags are host memory (the emulated world) it first releases the
   blocked stream by writing the awaited value, so the GPU is not left hung; with
@@ -47,7 +47,6 @@ Two implementations:
 from __future__ import annotations
 
 import abc
-import collections
 import contextlib
 import time
 from typing import Callable, Iterator
@@ -57,11 +56,11 @@ import torch
 from backends.call_contract import (NO_TAG, CallSignature, CollectiveMismatchError,
                                     FaultState, PeerAbortedError, PeerTimeoutError,
                                     device_tag, host_tag, tag_epoch)
-from backends.copy_engine import MASK32, CopyEngine
+from backends.copy_engine import MASK32
 from backends.peer_memory import PeerBuffer
 
-__all__ = ["Signals", "CpuSignals", "GpuSignals", "PeerTimeoutError", "FLAG_BYTES",
-           "PASSIVE_EPOCH", "SLOTS"]
+__all__ = ["Signals", "CpuSignals", "PeerTimeoutError", "FLAG_BYTES", "PASSIVE_EPOCH",
+           "SLOTS"]
 
 RING = 128  # tag slots per ring (see the module doc: far more than a peer can be ahead)
 _HEADER = {"done": 0, "abort": 1, "epoch": 2, "sig": 3, "vendor": 7}
@@ -112,6 +111,12 @@ class Signals(abc.ABC):
         self.epoch += 1
         self._sig = sig
         if self._host_visible:
+            aborted = [p for p in range(self.size) if p != self.rank and p not in self._passive
+                       and self._read(p, _HEADER["abort"])]
+            if aborted:  # a GPU stream cannot read it: refuse here, before any work is queued
+                error = PeerAbortedError(self._aborted_message(aborted[0], "an earlier call"))
+                self.fail(error)
+                raise error
             own = self._words[self.rank]
             own[_HEADER["sig"]:_HEADER["sig"] + 4] = torch.tensor(sig.words())
             own[_HEADER["epoch"]] = self.epoch
@@ -292,111 +297,3 @@ class CpuSignals(Signals):
             # the very peer it waits for.
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
-
-
-class GpuSignals(Signals):
-    """Stream write/wait-value flags; host-side bounded :meth:`check` (see the module doc)."""
-
-    #: events kept for check(); only the newest matters (stream order), the ring bounds reuse
-    EVENT_RING = 64
-
-    def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
-                 engine: CopyEngine, owner: str = "signals"):
-        super().__init__(flags, rank, size, timeout_ms, owner)
-        self.engine = engine
-        self._addr = [engine.device_address(flags.peer(r)) for r in range(size)]
-        self._events: list[torch.cuda.Event] = []
-        self._last_event: torch.cuda.Event | None = None
-        # (peer, slot, epoch, value, what) of the waits enqueued since the last check
-        self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
-
-    def post(self, slot: str, epoch: int, stream: int) -> None:
-        value = epoch if slot == "done" else self.tag(epoch)
-        self.engine.write_value(stream, self._addr[self.rank] + _word(slot, epoch) * SLOT_BYTES,
-                                value)
-
-    def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str = "a call") -> None:
-        if peer in self._passive or slot == "done":
-            value = epoch
-            addr = self._addr[peer] + _HEADER["done"] * SLOT_BYTES
-            self.engine.wait_value_geq(stream, addr, value)
-            slot = "done"
-        else:
-            value = self.tag(epoch)
-            self.engine.wait_value_eq(stream, self._addr[peer] + _word(slot, epoch) * SLOT_BYTES,
-                                      value)
-        self._awaited.append((peer, slot, epoch, value, what))
-
-    def _read(self, peer: int, word: int) -> int:
-        # Flag words hold values < 2**31 in their low half (32-bit writes on NVIDIA).
-        return int(self._words[peer][word]) if self._host_visible else self._read_device_word(
-            peer, word)
-
-    def _read_device_word(self, peer: int, word: int) -> int:
-        # A side stream, not the (possibly blocked) caller's; bounded like everything else.
-        probe = torch.cuda.Stream(self.flags.local.device)
-        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
-        with torch.cuda.stream(probe):
-            host.copy_(self._words[peer][word:word + 1], non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(probe)
-        deadline = time.monotonic() + self.timeout_ms / 1000.0
-        while not done.query():
-            if time.monotonic() > deadline:
-                return -1
-            time.sleep(1e-4)
-        return int(host[0])
-
-    def end_call(self, stream: int) -> None:
-        if len(self._events) < self.EVENT_RING:
-            self._events.append(torch.cuda.Event())
-        event = self._events[self.epoch % len(self._events)]
-        current = torch.cuda.current_stream(self.engine.device)
-        event.record(current if current.cuda_stream == stream
-                     else torch.cuda.ExternalStream(stream, device=self.engine.device))
-        self._last_event = event
-
-    def check(self, timeout_ms: float | None = None) -> None:
-        if self._last_event is None:
-            return
-        bound = self.timeout_ms if timeout_ms is None else timeout_ms
-        start = time.monotonic()
-        while not self._last_event.query():
-            if (time.monotonic() - start) * 1000.0 > bound:
-                try:
-                    self._report_missing((time.monotonic() - start) * 1000.0)
-                except BaseException as e:
-                    self.fail(e)
-                    raise
-            time.sleep(5e-5)
-        self._awaited.clear()
-
-    def _satisfied(self, peer: int, slot: str, epoch: int, value: int) -> bool:
-        seen = self._read(peer, _word(slot, epoch))
-        return ((seen - value) & MASK32) < 2 ** 31 if slot == "done" else seen == value
-
-    def _report_missing(self, waited_ms: float) -> None:
-        stuck = [a for a in self._awaited if not self._satisfied(*a[:4])]
-        if not stuck:
-            raise PeerTimeoutError(
-                f"rank {self.rank}: the stream did not finish within {waited_ms:.0f} ms although "
-                "every awaited peer flag is up: the GPU is busy or hung, not waiting on a peer")
-        released = ""
-        if self._host_visible:
-            # The earliest wait per word first: later calls reuse ring slots.
-            for peer, slot, epoch, value, _ in reversed(stuck):
-                self._words[peer][_word(slot, epoch)] = value
-            released = (" The blocked stream was released by writing the awaited flag values "
-                        "(so the GPU is not left hung); results of that call are garbage.")
-        self._awaited.clear()
-        peer, slot, epoch, value, what = stuck[0]
-        if self._host_visible and self._read(peer, _HEADER["abort"]):
-            raise PeerAbortedError(self._aborted_message(peer, what) + released)
-        peer_epoch = self._read(peer, _HEADER["epoch"]) if self._host_visible else -1
-        if slot != "done" and peer_epoch >= epoch:
-            raise CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what)
-                                          + released)
-        seen = self._read(peer, _word(slot, epoch))
-        raise PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what, waited_ms)
-                               + (f" Also missing: {[(p, s, e) for p, s, e, _, _ in stuck[1:]]}."
-                                  if len(stuck) > 1 else "") + released)

@@ -12,7 +12,6 @@ import os
 import threading
 import time
 
-import torch
 import torch.distributed as dist
 
 import overlap

@@ -134,25 +134,36 @@ for rows, cols, size, rank in ((5, 512, 1, 0), (9, 768, 2, 1), (4, 320, 3, 0)):
     nbytes = rows * K.payload_bytes_per_row(cols)
     region = nbytes + 8
     pubs = [torch.zeros(2 * region, dtype=torch.uint8) for _ in range(size)]
-    flags = [torch.zeros(G, dtype=torch.int64) for _ in range(size)]
+    SIG = 12345  # the call's signature hash, the same on every rank
+    # per rank: G epoch flags, then G signature words per parity (0, 1)
+    flags = [torch.zeros(3 * G, dtype=torch.int64) for _ in range(size)]
     for p in range(size):
         if p != rank:  # passive peers: payload of epoch 1 (region 1) and flags already up
             pubs[p][region:region + nbytes] = wht6_encode(pads[p]).view(-1)
-            flags[p].fill_(1)
-    own, err = torch.zeros(region, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)
+            flags[p][:G] = 1
+            flags[p][2 * G:] = SIG
+    own, err = torch.zeros(region, dtype=torch.uint8), torch.zeros(3, dtype=torch.int64)
     out = torch.full((rows, cols), float("nan"))  # fp32: the interpreter truncates to bf16
-    K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 50.0, G)
+    K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 50.0, G, sig=SIG)
     want = wht6_decode_accumulate([wht6_encode(p) for p in pads], (rows, wide), torch.float32)
     assert torch.equal(out, want[:, :cols]), (rows, cols, size)
     ref = sum(x.double() for x in xs)
     assert float((out.double() - ref).norm() / ref.norm()) < 2 ** -5
-    assert flags[rank].tolist() == [1] * G and err.tolist() == [0, 0], (flags[rank], err)
+    assert flags[rank][:G].tolist() == [1] * G and err.tolist() == [0, 0, 0], (flags, err)
+    assert flags[rank][2 * G:].tolist() == [SIG] * G  # this call's parity slot
     if size > 1:  # the next call: peers never post epoch 2, so every wait times out
-        K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 0.05, G)
-        assert flags[rank].tolist() == [2] * G and err[0] == 2, (flags[rank], err)
+        K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 0.05, G, sig=SIG)
+        assert flags[rank][:G].tolist() == [2] * G and err[0] == 2 and err[2] == 1, err
         assert 0 <= err[1] - 1 < size and err[1] - 1 != rank, err  # names a peer
+        # call 3: the peers' flags are up but their signature (parity 1) is another call's
+        err.zero_()
+        for p in range(size):
+            if p != rank:
+                flags[p][:G] = 3
+        K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 50.0, G, sig=SIG + 1)
+        assert err[0] == 3 and err[2] == 2 and err[1] - 1 != rank, err
     K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 50.0, G, warm_up=True)
-    assert flags[rank].tolist() == [1 + (size > 1)] * G  # a warm-up touches nothing
+    assert flags[rank][:G].tolist() == [1 + 2 * (size > 1)] * G  # a warm-up touches nothing
 print("interpreter-ok")
 """
 

@@ -31,6 +31,7 @@ def release():
     yield made
     for be in made:
         if be.signals is not None:
+            be.signals.release()
             for p in range(be.world.size):
                 be.signals.set_passive(p)
     torch.cuda.synchronize()

@@ -30,8 +30,14 @@ writes region (t mod 2) again at call t+2, after its call t+1 saw every peer's f
 t+1, i.e. after every peer's stream had finished call t, its reads of that region too.
 
 Bounded spin. A CTA that waits longer than ``timeout`` for a peer writes the error words
-``err[0] = t``, ``err[1] = peer + 1`` and carries on (the call's output is garbage), so
-the kernel always ends; the host turns the words into an exception. The bound is
+``err[0] = t``, ``err[1] = peer + 1``, ``err[2] = 1`` and carries on (the call's output
+is garbage), so the kernel always ends; the host turns the words into an exception.
+
+Call contract. Beside each epoch flag a CTA writes the call's signature hash (rows,
+cols, dtype and the op's M and K: :mod:`backends.call_contract`) in the slot of the
+call's parity. A waiter that sees its peer's flag reach ``t`` reads the slot of parity
+``t``: another signature, or a flag beyond ``t + 1`` (the peer is in another call),
+writes ``err[2] = 2`` (a mismatch) and the host raises ``CollectiveMismatchError``. The bound is
 ``%globaltimer`` nanoseconds since the CTA began waiting, on NVIDIA; elsewhere a count
 of flag reads per peer (``ITERS_PER_MS`` per millisecond: a read of peer or host memory
 takes about 1 us; a faster read shortens the bound, never lengthens it).
@@ -58,6 +64,9 @@ from backends import envs
 SUBS_PER_PROGRAM = 64  # T: sub-blocks per tile (2048 values), as in the codec's kernels
 MAX_RANKS = 8  # payload and flag pointer arguments
 ITERS_PER_MS = 1000  # spin bound without a timer (see module doc)
+#: flag value of a passive peer (timing mode): above any epoch a run reaches; its
+#: signature is not checked
+PASSIVE_EPOCH = 2 ** 62
 SUB, BLOCK, BLOCK_BYTES = 32, 256, 200
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # bf16 pieces that carry the input exactly / the sum well below one output rounding
@@ -134,10 +143,11 @@ def _oneshot_wht6_kernel(
     out_ptr,            # the reduced slice [rows, cols], same dtype
     pub0, pub1, pub2, pub3, pub4, pub5, pub6, pub7,  # *u8 every rank's payload buffer
                         # (two regions of region_bytes), rank order; unused repeat pub0
-    flag0, flag1, flag2, flag3, flag4, flag5, flag6, flag7,  # *i64 every rank's G flag
-                        # words, rank order; unused repeat flag0
+    flag0, flag1, flag2, flag3, flag4, flag5, flag6, flag7,  # *i64 every rank's 3 G words:
+                        # G epoch flags, then 2 G call signatures (parity t mod 2);
+                        # rank order; unused repeat flag0
     own_ptr,            # *u8 private copy of this rank's payload (read if OWN_COPY)
-    err_ptr,            # *i64 [2] error words: epoch, peer + 1 of a timed-out wait
+    err_ptr,            # *i64 [3] error words: epoch, peer + 1, kind (1 timeout, 2 mismatch)
     rank,               # this rank, 0..W-1
     n_sub,              # rows * cols_padded / 32 sub-blocks; 0 = warm-up, touches nothing
     subs_per_row,       # cols_padded / 32
@@ -147,6 +157,7 @@ def _oneshot_wht6_kernel(
     pay_row_w64,        # payload row stride in int64 words (25 cols_padded / 256)
     region_bytes,       # bytes of one payload region (a multiple of 8)
     timeout,            # spin bound: nanoseconds (TIMER) or flag reads
+    sig,                # this call's signature hash (> 0): every rank's must be equal
     W: tl.constexpr,         # ranks, 1..8
     T: tl.constexpr,         # sub-blocks per tile, a multiple of 8
     SPLITS_IN: tl.constexpr,   # bf16 pieces for the forward rotation
@@ -185,6 +196,9 @@ def _oneshot_wht6_kernel(
                 tl.store(nib_p, nib, mask=sub_m[:, None])
                 tl.store(high_p, high, mask=sub_m[:, None])
                 tl.store(rec_p, rec, mask=blk_m)
+        # The call's signature beside the flag, in the slot of its parity (a peer one
+        # call ahead writes the other slot), before the release that publishes both.
+        tl.store(my_flag + ctas * (1 + t % 2), sig)
         # Every thread's payload stores happen before any thread's release of the flag.
         tl.debug_barrier()
         _store_flag(my_flag, t, SYNC)
@@ -205,6 +219,16 @@ def _oneshot_wht6_kernel(
                     if seen < t:
                         tl.store(err_ptr, t)
                         tl.store(err_ptr + 1, p + 1)
+                        tl.store(err_ptr + 2, 1)
+                    else:
+                        # A live peer is at call t or t + 1 and its slot of parity t
+                        # holds call t's signature; anything else is another call.
+                        their = _load_flag(peer_flag + ctas * (1 + t % 2), SYNC)
+                        live = seen < 0x4000000000000000  # PASSIVE_EPOCH
+                        if live & ((seen > t + 1) | (their != sig)):
+                            tl.store(err_ptr, t)
+                            tl.store(err_ptr + 1, p + 1)
+                            tl.store(err_ptr + 2, 2)
             tl.debug_barrier()
             own_src = my_pub + region
             if OWN_COPY:
@@ -244,7 +268,7 @@ def _kernel() -> Any:
         # Values that change from call to call must not select a new specialization
         # (a compile mid-run would keep every peer spinning): see ``launch``.
         _jitted = triton.jit(_oneshot_wht6_kernel,
-                             do_not_specialize=["rank", "n_sub", "region_bytes", "timeout"])
+                             do_not_specialize=["rank", "n_sub", "region_bytes", "timeout", "sig"])
     return _jitted
 
 
@@ -270,13 +294,14 @@ def modes(device: torch.device) -> tuple[int, bool]:
 
 def launch(x: torch.Tensor, out: torch.Tensor, pubs: Sequence[Any], flags: Sequence[Any],
            own: Any, err: Any, rank: int, region_bytes: int, timeout_ms: float, ctas: int,
-           warm_up: bool = False) -> None:
+           sig: int = 1, warm_up: bool = False) -> None:
     """Enqueue one call on the current stream (see the module doc).
 
     ``pubs`` / ``flags``: every rank's payload buffer (uint8, two regions of
     ``region_bytes``) and flag words (int64, at least ``ctas``), in rank order, as
     tensors or :func:`backends.kernels.pointers.kernel_pointer` s. ``own``: this rank's private payload copy (or
     None: its payload is read back from ``pubs[rank]``). ``err``: int64 [2] error words.
+    ``sig``: the call's signature hash (1 .. 2**31 - 1), equal on every rank of one call.
     ``warm_up``: compile and launch with no work (no epoch, no flag), so that a later
     call does not compile while peers spin.
     """
@@ -302,6 +327,8 @@ def launch(x: torch.Tensor, out: torch.Tensor, pubs: Sequence[Any], flags: Seque
         raise ValueError(f"oneshot_wht6: rank {rank} outside 0..{size - 1}")
     if not isinstance(ctas, int) or ctas < 1:
         raise ValueError(f"oneshot_wht6: ctas must be an int >= 1, got {ctas!r}")
+    if not isinstance(sig, int) or not 0 < sig < 2 ** 31:
+        raise ValueError(f"oneshot_wht6: sig must be an int in 1..2**31-1, got {sig!r}")
     rows, cols = x.shape
     row_bytes = payload_bytes_per_row(cols) if cols else 0
     if rows * row_bytes > region_bytes or region_bytes % 8:
@@ -319,6 +346,6 @@ def launch(x: torch.Tensor, out: torch.Tensor, pubs: Sequence[Any], flags: Seque
         x, out, *pubs, *([pubs[0]] * pad), *flags, *([flags[0]] * pad),
         own if own is not None else pubs[rank], err, rank, n_sub, padded_cols(cols) // SUB,
         cols, max(x.stride(0), 1), max(out.stride(0), 1), row_bytes // 8, region_bytes,
-        max(bound, 1), W=size, T=SUBS_PER_PROGRAM, SPLITS_IN=_SPLITS_IN[x.dtype],
+        max(bound, 1), sig, W=size, T=SUBS_PER_PROGRAM, SPLITS_IN=_SPLITS_IN[x.dtype],
         SPLITS_OUT=_SPLITS_OUT[x.dtype], DOT_FP32=sync == 0, OWN_COPY=own is not None,
         SYNC=sync, TIMER=timer, enable_fp_fusion=False)

@@ -2,9 +2,10 @@
 
 Math (format in ``backends/wht6/__init__.py``): each 6-bit code (sign, q) becomes
 +-L(q) * s_g in the rotated domain, with L(q) = t (3 + t) / 4, t = (2q + 1) / 63 and
-s_g = S * (c_g / 63)^2 from the block record (S NaN for a block that held NaN/Inf); each
-sub-block is rotated back, x = H32 @ y / 32 (tensor cores, fp32 accumulation, the fp32
-values split into exact bf16 pieces), and rounded once to the output dtype.
+s_g = S * (c_g / 63)^2 from the block record (S NaN for a block sent as NaN); each
+sub-block is rotated back, x = H32 @ y (tensor cores, fp32 accumulation, the fp32
+values split into exact bf16 pieces, rows shifted by powers of two so nothing
+overflows), and rounded once to the output dtype; a block that overflows it is NaN.
 
 Each program decodes T consecutive sub-blocks in row-major order (T // 8 whole blocks).
 """
@@ -41,9 +42,9 @@ def wht6_decode_kernel(
 ):
     f0 = tl.program_id(0).to(tl.int64) * T
     y = wht6_tile.load_dequantize(pay_ptr, f0, n_sub, subs_per_row, pay_row_w64, T)
-    x = wht6_tile.wht32(y, SPLITS, DOT_FP32) * 0.03125
+    x = wht6_tile.decode_tile(y, out_ptr.dtype.element_ty, T, SPLITS, DOT_FP32)
     ptrs, mask = wht6_tile.subblock_ptrs(out_ptr, f0, n_sub, subs_per_row, out_row_stride, T)
-    tl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs, x, mask=mask)
 
 
 def wht6_decode(payload: torch.Tensor, shape: tuple, dtype: torch.dtype, out: torch.Tensor = None) -> torch.Tensor:

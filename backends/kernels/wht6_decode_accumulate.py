@@ -2,11 +2,13 @@
 bf16/fp16/fp32 tensor, the reduce step of a compressed all-reduce.
 
 Math (format in ``backends/wht6/__init__.py``): the rotation is linear, so the sum is
-taken in the rotated domain: acc = y_0 + y_1 + ... + y_{W-1} in fp32, in payload order
-(each y_w = +-L(q) * s_g dequantized as in the decode kernel), then ONE inverse
-rotation x = H32 @ acc / 32 (tensor cores, fp32 accumulation, exact bf16 pieces) and
-ONE rounding to the output dtype. Every rank that passes the payloads in the same order
-gets the same bits. A NaN block in any payload makes that block of the sum NaN.
+taken in the rotated domain: acc = y_0 + y_1 + ... + y_{W-1} in fp32, in payload order,
+each y_w = +-L(q) * s_g / 8 dequantized as in the decode kernel (the 1/8 leaves room
+for 8 payloads of any finite scale), then ONE inverse rotation x = H32 @ acc * 8
+(tensor cores, fp32 accumulation, exact bf16 pieces, rows shifted by powers of two so
+no partial sum overflows) and ONE rounding to the output dtype. Every rank that passes
+the payloads in the same order gets the same bits. A NaN block in any payload makes
+that block of the sum NaN, and so does a block whose sum overflows the output dtype.
 
 Each program reduces T consecutive sub-blocks in row-major order (T // 8 whole blocks).
 """
@@ -24,7 +26,7 @@ from backends.wht6 import reference
 # compiling offline); not yet tuned by timing on a GPU.
 SUBS_PER_PROGRAM = 16  # T: sub-blocks per program (512 values, 2 blocks)
 NUM_WARPS = 4
-MAX_PAYLOADS = 8
+MAX_PAYLOADS = 8  # 1 / reference.HEADROOM: the sum's fp32 headroom
 _SPLITS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 3}  # as in wht6_decode
 
 
@@ -49,9 +51,9 @@ def wht6_decode_accumulate_kernel(
         pay = tl.where(w == 1, p1, tl.where(w == 2, p2, tl.where(w == 3, p3, tl.where(
             w == 4, p4, tl.where(w == 5, p5, tl.where(w == 6, p6, p7))))))
         acc += wht6_tile.load_dequantize(pay, f0, n_sub, subs_per_row, pay_row_w64, T)
-    x = wht6_tile.wht32(acc, SPLITS, DOT_FP32) * 0.03125
+    x = wht6_tile.decode_tile(acc, out_ptr.dtype.element_ty, T, SPLITS, DOT_FP32)
     ptrs, mask = wht6_tile.subblock_ptrs(out_ptr, f0, n_sub, subs_per_row, out_row_stride, T)
-    tl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs, x, mask=mask)
 
 
 def wht6_decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype,

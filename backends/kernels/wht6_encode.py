@@ -1,8 +1,10 @@
 """wht6 encode kernel: a [rows, cols] bf16/fp16/fp32 tensor -> its uint8 wht6 payload.
 
 Math (format in ``backends/wht6/__init__.py``): each 32 consecutive values x of a row
-are rotated, y = H32 @ x (entries +-1, on tensor cores with fp32 accumulation); the
-max |y| over each 256-value block, rounded up to bf16, is the block scale S; each
+are rotated, y = H32 @ x / 32 (entries +-1, on tensor cores with fp32 accumulation,
+rows shifted by powers of two so nothing overflows); the max |y| over each 256-value
+block, rounded up to bf16, is the block scale S (a non-zero block outside the coded
+range, or one holding NaN/Inf, is sent as NaN); each
 sub-block g gets s_g = S * (c_g / 63)^2 with the smallest 6-bit c_g covering its max; each
 value gets a 6-bit code: sign and q = floor((sqrt(|y| / s_g + 9/16) - 3/4) * 63).
 Payload row r: [cols/2 B nibble plane | cols/4 B high-bit plane | cols/32 B records].
@@ -42,8 +44,7 @@ def wht6_encode_kernel(
     f0 = tl.program_id(0).to(tl.int64) * T
     ptrs, mask = wht6_tile.subblock_ptrs(x_ptr, f0, n_sub, subs_per_row, x_row_stride, T)
     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    y = wht6_tile.wht32(x, SPLITS, DOT_FP32)
-    nib, high, rec = wht6_tile.quantize(y, T)
+    nib, high, rec = wht6_tile.encode_tile(x, T, SPLITS, DOT_FP32)
     nib_ptrs, high_ptrs, rec_ptrs, sub_mask, blk_mask = wht6_tile.payload_ptrs(
         pay_ptr, f0, n_sub, subs_per_row, pay_row_w64, T)
     tl.store(nib_ptrs, nib, mask=sub_mask[:, None])

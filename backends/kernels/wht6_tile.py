@@ -11,23 +11,46 @@ A tile is T sub-blocks (T a multiple of 8) taken in row-major order over the who
 tensor: flat sub-block f is row f // subs_per_row, sub-block f % subs_per_row of that
 row. As cols is a multiple of 256, tile rows 8k..8k+7 are exactly one block.
 
-Helpers:
+Helpers (a kernel needs only the first five):
   subblock_ptrs(base, f0, n_sub, subs_per_row, row_stride, T) -> (ptrs [T, 32], mask [T, 32])
   payload_ptrs(pay, f0, n_sub, subs_per_row, row_w64, T)
       -> (nib_ptrs [T, 4] *i32, high_ptrs [T, 2] *i32, rec_ptrs [T//8] *i64, sub_mask [T], blk_mask [T//8])
-  wht32(v, SPLITS, DOT_FP32) -> H32 @ each row of v ([T, 32] fp32), fp32
-  quantize(y, T) -> (nib [T, 4] i32, high [T, 2] i32, rec [T//8] i64)
-  dequantize(nib, high, rec, T) -> [T, 32] fp32 values in the rotated domain
-  load_dequantize(pay, f0, n_sub, subs_per_row, row_w64, T) -> [T, 32] fp32
+  encode_tile(x, T, SPLITS, DOT_FP32) -> (nib [T, 4] i32, high [T, 2] i32, rec [T//8] i64)
+  load_dequantize(pay, f0, n_sub, subs_per_row, row_w64, T)
+      -> [T, 32] fp32 rotated values times HEADROOM (1/8): sum up to 8 of these with +=
+  decode_tile(acc, OUT_DTYPE, T, SPLITS, DOT_FP32) -> [T, 32] OUT_DTYPE: the inverse
+      rotation of such a sum, rounded once; a block that overflows OUT_DTYPE is NaN
+  rotate(v, POST, SPLITS, DOT_FP32) -> H32 @ each row of v, times POST, fp32
+  quantize(y, nonzero, T), dequantize(nib, high, rec, T): the codec's two halves
+
+Range: ``rotate`` shifts each row by a power of two before the products (2**-5 for a row
+max >= 2**64, 2**64 for one below 2**-64) and back after the sums, so no partial sum
+overflows and no bf16 piece is subnormal; the shifts are exact, so results equal the
+unshifted fp32 computation wherever that neither overflows nor goes subnormal.
 """
 import triton
 import triton.language as tl
 
+from backends.wht6 import reference
+
 FP32_MAX = tl.constexpr(3.4028234663852886e38)
-SCALE_MIN = tl.constexpr(2.0**-100)  # see reference.SCALE_MIN
+SCALE_MIN = tl.constexpr(reference.SCALE_MIN)
+HEADROOM = tl.constexpr(reference.HEADROOM)
+UNHEADROOM = tl.constexpr(1.0 / reference.HEADROOM)
 BF16_INF_BITS = tl.constexpr(0x7F80)
 BF16_NAN_BITS = tl.constexpr(0x7FC0)
-INV63 = tl.constexpr(1.0 / 63.0)  # rounded to fp32 where used, as in reference.INV63
+FP32_NAN_BITS = tl.constexpr(0x7FC00000)
+INV63 = tl.constexpr(reference.INV63)  # rounded to fp32 where used, as in reference.INV63
+NORM = tl.constexpr(1.0 / reference.SUB)  # the forward rotation is H32 / 32
+# Row shifts of ``rotate`` (see the module doc): rows at or above ROW_BIG are scaled
+# down by 2**-5 (32 terms of at most the fp32 max then sum to at most the fp32 max),
+# rows below ROW_SMALL up by 2**64 (subnormal values become normal).
+ROW_BIG = tl.constexpr(2.0**64)
+ROW_SMALL = tl.constexpr(2.0**-64)
+SHIFT_DOWN = tl.constexpr(2.0**-5)
+SHIFT_UP = tl.constexpr(2.0**64)
+UNSHIFT_DOWN = tl.constexpr(2.0**5)
+UNSHIFT_UP = tl.constexpr(2.0**-64)
 
 
 @triton.jit
@@ -90,7 +113,7 @@ def _dot_h(piece, h, acc, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def wht32(v, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
+def _wht32(v, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
     """H32 @ each row of v ([T, 32] fp32), on tensor cores: v is split into SPLITS bf16
     pieces (v = hi + lo + lo2 exactly for SPLITS = 3; 1 suffices for bf16 input, 2 for
     fp16) whose products with +-1 are exact; the sums accumulate in fp32."""
@@ -107,9 +130,27 @@ def wht32(v, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
+def rotate(v, POST: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
+    """H32 @ each row of v ([T, 32] fp32) times POST (a power of two), with the row
+    shifts of the module doc: finite wherever the exact result is."""
+    m = tl.max(tl.abs(v), axis=1)
+    big = m >= ROW_BIG
+    small = m < ROW_SMALL
+    pre = tl.where(big, SHIFT_DOWN, tl.where(small, SHIFT_UP, 1.0))
+    post = tl.where(big, UNSHIFT_DOWN, tl.where(small, UNSHIFT_UP, 1.0)) * POST
+    return _wht32(v * pre[:, None], SPLITS, DOT_FP32) * post[:, None]
+
+
+@triton.jit
 def _per_sub(v, T: tl.constexpr):
     """[T // 8] per-block values -> [T] per-sub-block (each repeated 8 times)."""
     return tl.reshape(tl.broadcast_to(v[:, None], (T // 8, 8)), (T,))
+
+
+@triton.jit
+def _any_per_block(flag, T: tl.constexpr):
+    """[T] per-sub-block flags -> [T // 8]: any of the block's 8."""
+    return tl.max(tl.reshape(flag.to(tl.int32), (T // 8, 8)), axis=1) > 0
 
 
 @triton.jit
@@ -120,18 +161,20 @@ def _sub_ratio(c):
 
 
 @triton.jit
-def quantize(y, T: tl.constexpr):
-    """Rotated sub-blocks y [T, 32] fp32 (8 consecutive rows = one block) -> packed
-    nibble words [T, 4], high words [T, 2] (int32) and block records [T // 8] (int64)."""
+def quantize(y, nonzero, T: tl.constexpr):
+    """Rotated sub-blocks y [T, 32] fp32 (8 consecutive rows = one block; normalized,
+    H32 x / 32) and per-block flags ``nonzero`` [T // 8] (the block's x has a non-zero
+    value) -> packed nibble words [T, 4], high words [T, 2] (int32) and block records
+    [T // 8] (int64)."""
     mag = tl.abs(y)
     finite = mag <= FP32_MAX  # False for NaN and +-Inf
     sub_max = tl.max(tl.where(finite, mag, 0.0), axis=1)
-    sub_bad = tl.sum(tl.where(finite, 0, 1), axis=1)
     blk_max = tl.max(tl.reshape(sub_max, (T // 8, 8)), axis=1)
-    blk_max = tl.where(blk_max < SCALE_MIN, 0.0, blk_max)
     # Round the block max up to bf16 so that no value clips.
     scale_bits = (blk_max.to(tl.int32, bitcast=True) + 0xFFFF) >> 16
-    bad = (tl.sum(tl.reshape(sub_bad, (T // 8, 8)), axis=1) > 0) | (scale_bits >= BF16_INF_BITS)
+    # Out of range (as in reference.encode): NaN/Inf, a scale beyond bf16, or too small.
+    bad = (_any_per_block(tl.min(finite.to(tl.int32), axis=1) == 0, T) | (scale_bits >= BF16_INF_BITS)
+           | (nonzero & (blk_max < SCALE_MIN)))
     scale_bits = tl.where(bad, 0, scale_bits)
     scale = _per_sub((scale_bits << 16).to(tl.float32, bitcast=True), T)
     sub_max = tl.minimum(sub_max, scale)
@@ -155,8 +198,17 @@ def quantize(y, T: tl.constexpr):
 
 
 @triton.jit
+def encode_tile(x, T: tl.constexpr, SPLITS: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Input sub-blocks x [T, 32] fp32 (zeros where masked) -> their packed payload words,
+    as ``quantize``."""
+    nonzero = _any_per_block(tl.max(tl.where(x != 0, 1, 0), axis=1) > 0, T)
+    return quantize(rotate(x, NORM, SPLITS, DOT_FP32), nonzero, T)
+
+
+@triton.jit
 def dequantize(nib, high, rec, T: tl.constexpr):
-    """Packed words of T sub-blocks -> their values in the rotated domain, [T, 32] fp32."""
+    """Packed words of T sub-blocks -> their values in the rotated domain times HEADROOM,
+    [T, 32] fp32 (the factor goes on the exact level, so the product rounds once)."""
     low = tl.reshape((nib[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 15, (T, 32))
     top = tl.reshape((high[:, :, None] >> (2 * tl.arange(0, 16))[None, None, :]) & 3, (T, 32))
     code = low | (top << 4)
@@ -164,7 +216,7 @@ def dequantize(nib, high, rec, T: tl.constexpr):
     c = (rec[:, None] >> (16 + 6 * tl.arange(0, 8).to(tl.int64))[None, :]) & 63
     sub_scale = _per_sub(scale, T) * _sub_ratio(tl.reshape(c, (T,)))
     t = (2 * (code & 31) + 1).to(tl.float32) * INV63
-    v = t * (3.0 + t) * 0.25 * sub_scale[:, None]
+    v = t * (3.0 + t) * 0.25 * HEADROOM * sub_scale[:, None]
     return tl.where(code >= 32, -v, v)
 
 
@@ -176,3 +228,16 @@ def load_dequantize(pay, f0, n_sub, subs_per_row, row_w64, T: tl.constexpr):
     high = tl.load(high_ptrs, mask=sub_mask[:, None], other=0)
     rec = tl.load(rec_ptrs, mask=blk_mask, other=0)
     return dequantize(nib, high, rec, T)
+
+
+@triton.jit
+def decode_tile(acc, OUT_DTYPE: tl.constexpr, T: tl.constexpr, SPLITS: tl.constexpr,
+                DOT_FP32: tl.constexpr):
+    """A sum of ``load_dequantize`` tiles [T, 32] -> the decoded values in OUT_DTYPE:
+    x = H32 @ acc / HEADROOM, rounded once; every block holding a value that rounds to
+    +-Inf in OUT_DTYPE is all NaN (as reference.poison_overflow)."""
+    x = rotate(acc, UNHEADROOM, SPLITS, DOT_FP32)
+    over = tl.abs(x.to(OUT_DTYPE).to(tl.float32)) > FP32_MAX
+    bad = _per_sub(_any_per_block(tl.max(over.to(tl.int32), axis=1) > 0, T), T)
+    nan = tl.full(x.shape, FP32_NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+    return tl.where(bad[:, None], nan, x).to(OUT_DTYPE)

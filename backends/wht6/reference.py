@@ -7,6 +7,7 @@ rounding of the same operations. The one exception is the rotation: here the 32-
 sums are formed exactly (float64) and rounded once to fp32, while a kernel accumulates
 in fp32 in its own order, so a kernel may differ from this module by an fp32 rounding
 of a rotated value (a code can move by one step when that lands on a decision edge).
+The format constants below are the single definition (``backends.wht6`` exports them).
 """
 import sys
 
@@ -17,7 +18,13 @@ GROUP = 8  # sub-blocks per block (they share one bf16 scale)
 BLOCK = SUB * GROUP  # 256 values: the unit of the format; cols must be a multiple
 BLOCK_BYTES = 200  # 256 codes x 6 bits + 8-byte scale record: 6.25 bits/value
 MAG_LEVELS = 32  # code magnitudes; the sign bit doubles them to 64 levels
-SCALE_MIN = 2.0**-100  # blocks whose rotated max is below this are coded as zero
+# Smallest block scale: with S >= 2**-114 every sub-scale S * (c/63)^2 (c >= 1) is a
+# normal fp32 number (>= 2**-125.95), so 1 / s_g is finite and exact to fp32. A non-zero
+# block whose rotated max is smaller is out of range and sent as NaN.
+SCALE_MIN = 2.0**-114
+# The decoder sums dequantized values times 1/8: a sum of up to 8 payloads (|y| <= S <=
+# the bf16 max each) cannot overflow fp32, and the inverse rotation multiplies by 8.
+HEADROOM = 0.125
 _FP32_MAX = torch.finfo(torch.float32).max
 _BF16_NAN_BITS = 0x7FC0  # the scale of a block that held NaN/Inf (decodes to NaN)
 _BF16_INF_BITS = 0x7F80
@@ -47,7 +54,8 @@ def hadamard(n: int = SUB, dtype=torch.float64, device=None) -> torch.Tensor:
 
 
 def rotate(v: torch.Tensor) -> torch.Tensor:
-    """H @ each 32-vector along the last dim, summed exactly in float64."""
+    """H @ each 32-vector along the last dim (unnormalized), summed exactly in float64.
+    The format's forward rotation is rotate(x) / 32, its inverse rotate(y)."""
     return v.to(torch.float64) @ hadamard(SUB, device=v.device)
 
 
@@ -92,18 +100,23 @@ def encode(x: torch.Tensor) -> torch.Tensor:
     rows, cols = x.shape
     _check_cols(cols)
     nsub, nblk = cols // SUB, cols // BLOCK
-    y = rotate(x.reshape(rows, nsub, SUB)).to(torch.float32)
+    xs = x.reshape(rows, nsub, SUB)
+    # Normalized rotation (H / 32): |y| <= max |x|, so a finite x never overflows here.
+    y = (rotate(xs) / SUB).to(torch.float32)
     mag = y.abs()
     finite = mag <= _FP32_MAX  # False for NaN and +-Inf
     sub_max = torch.where(finite, mag, 0.0).amax(-1)  # [rows, nsub]
     blk_max = sub_max.reshape(rows, nblk, GROUP).amax(-1)
-    blk_max = torch.where(blk_max < SCALE_MIN, 0.0, blk_max)
     # Round the block max UP to bf16 so that every |y| <= scale: nothing clips.
     scale_bits = (blk_max.view(torch.int32) + 0xFFFF) >> 16
-    bad = ~finite.reshape(rows, nblk, BLOCK).all(-1) | (scale_bits >= _BF16_INF_BITS)
+    # Out of range: NaN/Inf anywhere, a scale above the bf16 max, or a non-zero block
+    # (tested on x: its rotation may round to 0) whose max is below SCALE_MIN.
+    nonzero = (xs != 0).reshape(rows, nblk, BLOCK).any(-1)
+    bad = (~finite.reshape(rows, nblk, BLOCK).all(-1) | (scale_bits >= _BF16_INF_BITS)
+           | (nonzero & (blk_max < SCALE_MIN)))
     scale_bits = torch.where(bad, 0, scale_bits)
     scale = (scale_bits << 16).view(torch.float32)
-    # A flushed block (scale 0) has all sub-block maxima 0; elsewhere this is a no-op.
+    # A bad block (scale 0) gets sub-block maxima 0, as in the kernels; elsewhere a no-op.
     sub_max = torch.minimum(sub_max, scale.repeat_interleave(GROUP, dim=1))
     # Sub-scale code: the smallest c whose fp32(scale * (c/63)^2) covers the sub-block max.
     steps = scale[..., None] * sub_ratio(torch.arange(64, device=x.device))
@@ -150,24 +163,37 @@ def unpack(payload: torch.Tensor, cols: int) -> tuple:
     return low | (top << 4), sub_code.to(torch.int32), record & 0xFFFF
 
 
-def dequantize(payload: torch.Tensor, cols: int) -> torch.Tensor:
-    """Payload -> fp32 values in the rotated domain, [rows, cols // 32, 32]."""
+def dequantize(payload: torch.Tensor, cols: int, factor: float = 1.0) -> torch.Tensor:
+    """Payload -> fp32 values in the rotated domain times ``factor`` (a power of two,
+    applied to the level so that the product with the sub-scale rounds once),
+    [rows, cols // 32, 32]."""
     code, sub_code, scale_bits = unpack(payload, cols)
     scale = (scale_bits.to(torch.int32) << 16).view(torch.float32)
     sub_scale = scale.repeat_interleave(GROUP, dim=1) * sub_ratio(sub_code)
-    v = level(code & 31) * sub_scale[..., None]
+    v = level(code & 31) * factor * sub_scale[..., None]
     return torch.where(code >= 32, -v, v)
 
 
+def poison_overflow(x: torch.Tensor) -> torch.Tensor:
+    """Every block of x [rows, cols] holding +-Inf (a sum beyond the output dtype's range)
+    becomes all NaN, in place; returns x."""
+    rows, cols = x.shape
+    blocks = x.view(rows, cols // BLOCK, BLOCK)
+    blocks.masked_fill_(blocks.isinf().any(-1, keepdim=True), float("nan"))
+    return x
+
+
 def decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """Sum of the payloads' values: fp32 sum in list order in the rotated domain,
-    one inverse rotation (H / 32, exact in float64), one rounding to ``dtype``."""
+    """Sum of the payloads' values: fp32 sum in list order of the rotated values times
+    HEADROOM, one inverse rotation (H / HEADROOM, exact in float64), one rounding to
+    ``dtype``; a block that overflows ``dtype`` is NaN."""
     rows, cols = shape
     _check_cols(cols)
-    acc = dequantize(payloads[0], cols)
+    acc = dequantize(payloads[0], cols, HEADROOM)
     for p in payloads[1:]:
-        acc = acc + dequantize(p, cols)
-    return (rotate(acc) / SUB).reshape(rows, cols).to(dtype)
+        acc = acc + dequantize(p, cols, HEADROOM)
+    x = (rotate(acc) / HEADROOM).reshape(rows, cols).to(dtype)
+    return poison_overflow(x)
 
 
 def decode(payload: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:

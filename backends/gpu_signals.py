@@ -1,0 +1,135 @@
+"""Signals for GPU worlds: stream write-value / wait-value flags and a host-side bound.
+
+The layout, the tags and the call contract are :mod:`backends.signals`'; here each post
+and wait is a stream memory operation (:mod:`backends.copy_engine`) executed by the
+GPU's front end: no kernel spins. ``ready``/``reduced`` waits are EQ on a 32-bit tag
+(NVIDIA compares 32 bits), ``done`` waits a cyclic GEQ. A stream wait-value has NO
+timeout of its own; :meth:`GpuSignals.check` is the bound (see :mod:`backends.signals`).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+from backends.call_contract import CollectiveMismatchError, PeerAbortedError, PeerTimeoutError
+from backends.copy_engine import MASK32, CopyEngine
+from backends.peer_memory import PeerBuffer
+from backends.signals import _HEADER, RING, SLOT_BYTES, Signals, _word
+
+
+class GpuSignals(Signals):
+    """Stream write/wait-value flags; host-side bounded :meth:`check` (see the module doc)."""
+
+    #: events kept for check(); only the newest matters (stream order), the ring bounds reuse
+    EVENT_RING = 64
+
+    def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
+                 engine: CopyEngine, owner: str = "signals"):
+        super().__init__(flags, rank, size, timeout_ms, owner)
+        self.engine = engine
+        self._addr = [engine.device_address(flags.peer(r)) for r in range(size)]
+        self._events: list[torch.cuda.Event] = []
+        self._last_event: torch.cuda.Event | None = None
+        # (peer, slot, epoch, value, what) of the waits enqueued since the last check
+        self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
+
+    def post(self, slot: str, epoch: int, stream: int) -> None:
+        value = epoch if slot == "done" else self.tag(epoch)
+        self.engine.write_value(stream, self._addr[self.rank] + _word(slot, epoch) * SLOT_BYTES,
+                                value)
+
+    def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str = "a call") -> None:
+        if peer in self._passive or slot == "done":
+            value = epoch
+            addr = self._addr[peer] + _HEADER["done"] * SLOT_BYTES
+            self.engine.wait_value_geq(stream, addr, value)
+            slot = "done"
+        else:
+            value = self.tag(epoch)
+            self.engine.wait_value_eq(stream, self._addr[peer] + _word(slot, epoch) * SLOT_BYTES,
+                                      value)
+        self._awaited.append((peer, slot, epoch, value, what))
+
+    def _read(self, peer: int, word: int) -> int:
+        # Flag words hold values < 2**31 in their low half (32-bit writes on NVIDIA).
+        return int(self._words[peer][word]) if self._host_visible else self._read_device_word(
+            peer, word)
+
+    def _read_device_word(self, peer: int, word: int) -> int:
+        # A side stream, not the (possibly blocked) caller's; bounded like everything else.
+        probe = torch.cuda.Stream(self.flags.local.device)
+        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        with torch.cuda.stream(probe):
+            host.copy_(self._words[peer][word:word + 1], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(probe)
+        deadline = time.monotonic() + self.timeout_ms / 1000.0
+        while not done.query():
+            if time.monotonic() > deadline:
+                return -1
+            time.sleep(1e-4)
+        return int(host[0])
+
+    def end_call(self, stream: int) -> None:
+        if len(self._events) < self.EVENT_RING:
+            self._events.append(torch.cuda.Event())
+        event = self._events[self.epoch % len(self._events)]
+        current = torch.cuda.current_stream(self.engine.device)
+        event.record(current if current.cuda_stream == stream
+                     else torch.cuda.ExternalStream(stream, device=self.engine.device))
+        self._last_event = event
+
+    def check(self, timeout_ms: float | None = None) -> None:
+        if self._last_event is None:
+            return
+        bound = self.timeout_ms if timeout_ms is None else timeout_ms
+        start = time.monotonic()
+        while not self._last_event.query():
+            if (time.monotonic() - start) * 1000.0 > bound:
+                try:
+                    self._report_missing((time.monotonic() - start) * 1000.0)
+                except BaseException as e:
+                    self.fail(e)
+                    raise
+            time.sleep(5e-5)
+        self._awaited.clear()
+
+    def release(self) -> None:
+        """Write every value a wait enqueued since the last :meth:`check` awaits (host-visible
+        flags only): no stream stays blocked, whatever the peers did (tests' clean-up)."""
+        if self._host_visible:
+            for peer, slot, epoch, value, _ in reversed(self._awaited):
+                self._words[peer][_word(slot, epoch)] = value
+        self._awaited.clear()
+
+    def _satisfied(self, peer: int, slot: str, epoch: int, value: int) -> bool:
+        seen = self._read(peer, _word(slot, epoch))
+        return ((seen - value) & MASK32) < 2 ** 31 if slot == "done" else seen == value
+
+    def _report_missing(self, waited_ms: float) -> None:
+        stuck = [a for a in self._awaited if not self._satisfied(*a[:4])]
+        if not stuck:
+            raise PeerTimeoutError(
+                f"rank {self.rank}: the stream did not finish within {waited_ms:.0f} ms although "
+                "every awaited peer flag is up: the GPU is busy or hung, not waiting on a peer")
+        peer, slot, epoch, value, what = stuck[0]
+        released = (" The blocked stream was released by writing the awaited flag values "
+                    "(so the GPU is not left hung); results of that call are garbage."
+                    if self._host_visible else "")
+        if self._host_visible and self._read(peer, _HEADER["abort"]):
+            error: Exception = PeerAbortedError(self._aborted_message(peer, what) + released)
+        elif slot != "done" and self._host_visible and self._read(peer, _HEADER["epoch"]) >= epoch:
+            error = CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what)
+                                            + released)
+        else:
+            seen = self._read(peer, _word(slot, epoch))
+            also = (f" Also missing: {[(p, s, e) for p, s, e, _, _ in stuck[1:]]}."
+                    if len(stuck) > 1 else "")
+            error = PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what,
+                                                           waited_ms) + also + released)
+        self._awaited = collections.deque(stuck, maxlen=self._awaited.maxlen)
+        self.release()
+        raise error
