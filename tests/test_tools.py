@@ -1,4 +1,5 @@
-"""The pure parts of tools/: metric formulas, table/JSON/CSV writing, argument errors."""
+"""The pure parts of tools/: metric formulas, table/JSON/CSV writing, argument errors,
+output-path checks, timeline writing from synthetic events, and one quick CPU-world run."""
 
 import csv
 import json
@@ -12,9 +13,12 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 
 import compare_backends  # noqa: E402
+import gpu_timing  # noqa: E402
+import link  # noqa: E402
 import metrics  # noqa: E402
 import report  # noqa: E402
 import soak  # noqa: E402
+import timeline  # noqa: E402
 
 
 def test_hidden_fraction_endpoints():
@@ -66,7 +70,8 @@ RECORDS = [
     {"backend": "sdma", "M": 2048, "slices": 4, "t_gemm_ms": 0.5, "t_ar_ms": 1.5,
      "t_serial_ms": 2.0, "t_ovl_ms": 1.6, "speedup": 1.25, "hidden": 0.8, "contention": 1.02,
      "wire_bytes": 6 * 2 ** 20, "bus_gbs": 4.2, "rel_rms_err": 2e-3, "max_abs_err": 0.2,
-     "correct": False},
+     "correct": False, "contention_spread": 0.013, "bound_ms": 1.625, "efficiency": 1.016,
+     "slice_overhead_us": 12.5, "link_gbs": 50.0, "link_efficiency": 0.084},
 ]
 
 
@@ -77,6 +82,8 @@ def test_table_has_every_column_and_marks_wrong_and_missing():
     for title, _, _ in report.COLUMNS:
         assert title in lines[0]
     assert "WRONG" in lines[3] and "1.25x" in lines[3] and "6.0" in lines[3]
+    assert "1.02x±0.01" in lines[3] and "1.625" in lines[3] and "12.5" in lines[3]
+    assert "max abs" not in lines[0]  # JSON/CSV only
     assert " - " in lines[2] + " "  # contention None prints as '-'
 
 
@@ -123,3 +130,166 @@ def test_soak_loop_counts_nan_and_wrong_bits_as_mismatches():
                        calls=4, warmup=2, seconds=60.0, max_m=8, seed=0)
     assert r["calls"] == 4 and [m["call"] for m in r["mismatches"]] == [0, 1, 2]
     assert r["memory_after_warmup"] == r["memory_final"] == (0,)
+
+
+# ----------------------------------------------------------- pipeline figures (issue: sdma
+# at the link's speed)
+
+def test_bound_is_the_longer_lane_plus_one_slice_of_the_other():
+    # GEMM-bound: all GEMM slices, then the last AR slice
+    assert metrics.bound_ms(4.0, 2.0, 4) == pytest.approx(4.5)
+    # AR-bound: the first GEMM slice, then all AR slices
+    assert metrics.bound_ms(2.0, 4.0, 4) == pytest.approx(4.5)
+    # one slice: nothing overlaps, the bound is serial
+    assert metrics.bound_ms(2.0, 1.0, 1) == pytest.approx(3.0)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="slices must be an int >= 1"):
+            metrics.bound_ms(1.0, 1.0, bad)
+
+
+def test_efficiency_slice_overhead_link_efficiency_contention_spread():
+    assert metrics.efficiency(4.5, 5.0) == pytest.approx(0.9)
+    # 4 slice calls take 0.1 ms more than one call: 25 us per slice
+    assert metrics.slice_overhead_us(1.1, 1.0, 4) == pytest.approx(25.0)
+    with pytest.raises(ValueError, match="slices"):
+        metrics.slice_overhead_us(1.1, 1.0, 0)
+    assert metrics.link_efficiency(40.0, 50.0) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="link_gbs must be > 0"):
+        metrics.link_efficiency(40.0, 0.0)
+    assert metrics.contention_spread(0.02, 2.0) == pytest.approx(0.01)
+
+
+def test_derived_figures_and_missing_inputs():
+    t = {"gemm": 4.0, "ar": 2.0, "serial": 6.0, "ovl": 5.0, "ar_sliced": 2.2}
+    d = metrics.derived(t, 4, 2 * 10 ** 9, link_gbs=1000.0)
+    assert d["bound_ms"] == pytest.approx(4.5) and d["efficiency"] == pytest.approx(0.9)
+    assert d["speedup"] == pytest.approx(1.2) and d["hidden"] == pytest.approx(0.5)
+    assert d["slice_overhead_us"] == pytest.approx(50.0) and d["t_ar_sliced_ms"] == 2.2
+    assert d["bus_gbs"] == pytest.approx(1000.0) and d["link_efficiency"] == pytest.approx(1.0)
+    d = metrics.derived(dict(t, ar_sliced=None), 4, 2 * 10 ** 9)
+    assert d["slice_overhead_us"] is None and d["t_ar_sliced_ms"] is None
+    assert d["link_gbs"] is None and d["link_efficiency"] is None
+
+
+def test_contention_record_uses_spread_over_gemm_alone():
+    r = gpu_timing.contention_record([1.0, 1.1, 1.2, 1.3, 1.4] * 4, t_gemm=1.0)
+    assert r["contention"] == pytest.approx(r["t_gemm_concurrent_ms"]) == pytest.approx(1.2)
+    assert r["contention_spread"] == pytest.approx(r["t_gemm_concurrent_spread_ms"])
+    assert r["contention_reps"] == 20 == gpu_timing.CONTENTION_MIN_REPS
+
+
+def test_link_copy_plan():
+    # sdma one-shot, W=4, S=4: 3 peers x 4 slices, each a quarter of the slice
+    assert link.copy_plan(3 * 4096, 4, 4) == (1024, 12)
+    assert link.copy_plan(1000, 2, 3) == (333, 3)  # floor: at most the wire bytes move
+    with pytest.raises(ValueError, match="world_size >= 2"):
+        link.copy_plan(100, 1, 4)
+    with pytest.raises(ValueError, match="cannot fill 12 copies"):
+        link.copy_plan(11, 4, 4)
+    with pytest.raises(TypeError, match="slices must be an int"):
+        link.copy_plan(100, 2, 2.0)
+
+
+def test_link_is_none_on_a_cpu_world():
+    from backends.world import single_world
+
+    assert link.link_gbs(single_world("cpu"), 4096, 4, 10, 1) is None
+
+
+# ----------------------------------------------------------- output paths
+
+def test_unwritable_output_paths_give_rc_2_before_measuring(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for argv, path, reason in (
+            (["--out-dir", str(blocker / "sub")], blocker / "sub", "Not a directory"),
+            (["--out-dir", str(tmp_path / "out"), "--json", str(tmp_path)], tmp_path,
+             "is a directory")):
+        # --m 10**9 would take forever to measure: rc 2 proves nothing was measured
+        assert compare_backends.main(["--mode", "cpu", "--m", "1000000000"] + argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"compare_backends: cannot write {path}: ")
+        assert reason in err[0]
+
+
+def test_writable_output_paths_are_created_and_left_clean(tmp_path):
+    out = tmp_path / "new" / "dir"
+    assert report.unwritable_reason(str(out), True) is None
+    assert report.unwritable_reason(str(tmp_path / "j" / "c.json"), False) is None
+    assert out.is_dir() and list(out.iterdir()) == []
+    assert list((tmp_path / "j").iterdir()) == []
+
+
+# ----------------------------------------------------------- timeline (synthetic events)
+
+def synthetic_events(slices=3, gemm=1.0, ar=1.5):
+    """A GEMM-lane and an AR-lane span per slice, as a sliced call would produce them."""
+    events, ar_end = [], 0.0
+    for s in range(slices):
+        g0 = 0.1 + s * gemm
+        events.append({"lane": timeline.GEMM_LANE, "slice": s, "start_ms": g0, "end_ms": g0 + gemm})
+        a0 = max(g0 + gemm, ar_end)
+        ar_end = a0 + ar
+        events.append({"lane": timeline.AR_LANE, "slice": s, "start_ms": a0, "end_ms": ar_end})
+    return events
+
+
+def test_timeline_summary_gaps():
+    t = timeline.summarize(synthetic_events())
+    assert t["slices"] == 3
+    assert t["gemm_ms"] == pytest.approx([1.0] * 3) and t["ar_ms"] == pytest.approx([1.5] * 3)
+    # slice 0 waits for the fill (0.1 + 1.0); then the AR-bound lane never idles
+    assert t["ar_gap_ms"] == pytest.approx([1.1, 0.0, 0.0])
+    assert t["ar_idle_ms"] == pytest.approx(1.1)
+    assert t["ar_idle_after_fill_ms"] == pytest.approx(0.0)
+    assert t["span_ms"] == pytest.approx(1.1 + 4.5)
+    with pytest.raises(ValueError, match="expected 0..S-1"):
+        timeline.summarize(synthetic_events()[:-2] + synthetic_events()[-1:] * 2)
+
+
+def test_timeline_json_png_and_terminal_lines(tmp_path):
+    entry = {"backend": "sdma", "M": 2048, "S": 3, "path": "sliced",
+             "events": synthetic_events(gemm=2.0, ar=1.0)}
+    wants_png = pytest.importorskip("matplotlib") is not None
+    paths = timeline.write_all(str(tmp_path), {"W": 4}, [entry], png=wants_png)
+    data = json.loads((tmp_path / "timeline.json").read_text())
+    got = data["timelines"][0]
+    assert data["mode"] == {"W": 4} and got["events"] == entry["events"]
+    assert got["summary"]["ar_gap_ms"] == pytest.approx([2.1, 1.0, 1.0])
+    assert set(got["events"][0]) == {"lane", "slice", "start_ms", "end_ms"}
+    png = tmp_path / "timeline_sdma_M2048_S3.png"
+    assert paths == [str(tmp_path / "timeline.json"), str(png)]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = timeline.format_slices(entry).splitlines()
+    assert len(lines) == 2 + 3 and "AR idle 4.100 ms" in lines[0]
+    assert lines[2].split() == ["0", "2.000", "1.000", "2.100"]
+
+
+def test_timeline_record_refuses_cpu_tensors():
+    with pytest.raises(ValueError, match="device events need a GPU"):
+        timeline.record(None, torch.zeros(2, 2), torch.zeros(2, 2), "bf16")
+
+
+# ----------------------------------------------------------- the CPU world end to end
+
+def test_cpu_world_run_fills_the_new_keys(tmp_path, capsys):
+    out = tmp_path / "res"
+    rc = compare_backends.main(["--mode", "cpu", "--world", "2", "--quick", "--m", "64",
+                                "--backends", "stock,sdma", "--out-dir", str(out), "--no-png",
+                                "--timeline"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "--timeline records device events and needs a GPU world; ignored" in text
+    assert f"wrote {out / 'compare.json'}, {out / 'compare.csv'}" in text
+    records = {r["backend"]: r for r in json.loads((out / "compare.json").read_text())["records"]}
+    stock, sdma = records["stock"], records["sdma"]
+    for r in (stock, sdma):
+        assert r["correct"] and r["bound_ms"] > 0 and r["efficiency"] > 0
+        assert r["contention"] is None and r["contention_spread"] is None
+        assert r["link_gbs"] is None and r["link_efficiency"] is None
+        assert "timeline" not in r and "timeline_events" not in r
+    assert sdma["slices"] == 4 and sdma["t_ar_sliced_ms"] > 0
+    assert sdma["slice_overhead_us"] == pytest.approx(
+        (sdma["t_ar_sliced_ms"] - sdma["t_ar_ms"]) / 4 * 1e3)
+    assert stock["slices"] == 1 and stock["slice_overhead_us"] is None  # nothing sliced
+    assert not (out / "timeline.json").exists()

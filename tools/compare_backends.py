@@ -9,8 +9,12 @@ The project's main job (DESIGN 4). Where it runs decides the world:
 
 For every backend x M x slices it verifies the op's result against a float64 reference
 on every rank (a wrong backend is reported as wrong and not timed), then times GEMM
-alone, AR alone, GEMM then stock AR (serial) and the overlap op, and derives speedup,
-hidden fraction, wire bytes and bus bandwidth. Output: a table, JSON, CSV and a PNG.
+alone, AR alone, the AR as S slice calls, GEMM then stock AR (serial) and the overlap
+op, and derives speedup, hidden fraction, the pipeline's bound and efficiency, the
+per-slice AR overhead, wire bytes and bus bandwidth; on GPUs also contention and the
+raw link's bandwidth (link efficiency). Output: a table, JSON, CSV and a PNG, and with
+--timeline (GPU worlds) one op call's per-slice events: timeline.json and Gantt PNGs.
+Output paths are checked before anything is measured (rc 2 if one cannot be written).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import backends  # noqa: E402
 from backends import envs  # noqa: E402
 import report  # noqa: E402
+import timeline  # noqa: E402
 from world_measure import Case, measure  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
@@ -74,7 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out-dir", default="results",
                    help="folder for compare.json/.csv/.png (default results/)")
     p.add_argument("--json", default=None, help="JSON path (default OUT_DIR/compare.json)")
-    p.add_argument("--no-png", action="store_true", help="skip the PNG (no matplotlib needed)")
+    p.add_argument("--no-png", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    p.add_argument("--timeline", action="store_true",
+                   help="GPU worlds: record one op call's per-slice GEMM and AR events per "
+                        "case (OUT_DIR/timeline.json, timeline_<backend>_M<M>_S<S>.png)")
     p.add_argument("--probe-ctas", type=int_list, default=[8, 16, 32, 64],
                    help="GPU only: spinning-CTA counts K of the spin-footprint probe")
     p.add_argument("--no-probe", action="store_true", help="skip the spin-footprint probe")
@@ -103,7 +111,8 @@ def cases(args: argparse.Namespace, device: str) -> list[Case]:
         pipelined = backends.get(name).pipelined
         for rows in m:
             for s in (args.slices if pipelined else [1]):
-                out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s, producer=args.producer))
+                out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
+                                producer=args.producer, timeline=args.timeline and device == "gpu"))
     return out
 
 
@@ -126,6 +135,8 @@ def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     hdr = header("cpu-shm", f"CPU, {args.world} processes (gloo + shared memory)", args.world,
                  platform.processor() or platform.machine())
     print_header(hdr)
+    if args.timeline:
+        print("note: --timeline records device events and needs a GPU world; ignored on the CPU")
     records = []
     with CpuWorldPool(args.world) as pool:
         for i, case in enumerate(todo, 1):
@@ -170,17 +181,36 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     if hdr["world"] == "cpu-shm":
         print("note: CPU timings are perf_counter medians; CPU ranks share two cores, so "
               "overlap is not expected here. Contention needs GPU streams.")
-    os.makedirs(args.out_dir, exist_ok=True)
+    timelines = [{"backend": r["backend"], "M": r["M"], "S": r["slices"],
+                  "path": r["timeline"]["path"], "events": r.pop("timeline_events")}
+                 for r in records if "timeline_events" in r]
+    for entry in timelines:
+        print(timeline.format_slices(entry))
     json_path = args.json or os.path.join(args.out_dir, "compare.json")
+    csv_path = os.path.join(args.out_dir, "compare.csv")
     report.write_json(json_path, hdr, records)
-    report.write_csv(os.path.join(args.out_dir, "compare.csv"), records)
-    written = [json_path, os.path.join(args.out_dir, "compare.csv")]
+    report.write_csv(csv_path, records)
+    written = [json_path, csv_path]
     if not args.no_png:
         png = os.path.join(args.out_dir, "compare.png")
         report.write_png(png, f"{hdr['label']} -- {hdr['device']} -- {hdr['date']}",
                          [r for r in records if "skipped" not in r], baseline_of(hdr))
         written.append(png)
-    print("wrote " + ", ".join(written))
+    if timelines:
+        written += timeline.write_all(args.out_dir, hdr, timelines, png=not args.no_png)
+    print("wrote " + ", ".join(os.path.abspath(p) for p in written))
+
+
+def output_problem(args: argparse.Namespace) -> str | None:
+    """The one-line complaint about the first output path that cannot be written, or None."""
+    targets = [(args.out_dir, True)]
+    if args.json is not None:
+        targets.append((args.json, False))
+    for path, is_dir in targets:
+        reason = report.unwritable_reason(path, is_dir)
+        if reason is not None:
+            return f"compare_backends: cannot write {path}: {reason}"
+    return None
 
 
 def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
@@ -248,6 +278,13 @@ def run_probe(args: argparse.Namespace, hdr: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Only global rank 0 writes; a failure there ends the torchrun job (torchrun stops
+    # the other ranks), so the others need not probe the file system themselves.
+    if os.environ.get("RANK", "0") == "0":
+        problem = output_problem(args)
+        if problem is not None:
+            print(problem, file=sys.stderr)
+            return 2
     if envs.torchrun_local_rank() is not None and torch.cuda.is_available() and args.mode == "auto":
         result = run_torchrun(args)
         if result is None:

@@ -9,19 +9,21 @@ crosses PCIe, as on a PCIe multi-GPU box. Two phases:
    in host memory (``Backend.fill_passive_peers``): one GPU has one host link where W
    real ranks would have W, so running W active ranks would time a link W-way shared.
 
+Timing covers GEMM, AR, the AR as S slice calls, serial and overlapped op, contention,
+the raw host link (:mod:`link`) and, with ``Case.timeline``, one op call's events.
 The serial baseline here is GEMM then this backend's unsliced AR (there is no vendor
 collective between emulated ranks); every figure is labelled "1 GPU, W emulated ranks".
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 import gpu_timing
+import link
 import metrics
 import overlap
+import timeline
 from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
 from overlap.op import forward
@@ -110,20 +112,33 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     def serial(i):
         forward(serial_rt, xs[i % len(xs)], w, None, case.producer)
 
-    times = {}
-    for key, fn in (("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)):
+    bounds = slice_bounds(case.rows, case.slices)
+    slices = len(bounds) - 1  # the slices the op runs (S is clamped to M rows)
+
+    def ar_sliced(i):
+        # The AR of the whole tensor as the op calls it: one call per row slice.
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            backend.all_reduce(ar_in[a:b], ar_out[a:b])
+
+    times = {"ar_sliced": None}
+    timed = [("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)]
+    if slices > 1:  # one slice is the unsliced AR: no overhead to measure
+        timed.insert(2, ("ar_sliced", ar_sliced))
+    for key, fn in timed:
         med, spread = gpu_timing.median_ms(gpu_timing.event_times(fn, case.reps, case.warmup))
         times[key] = med
         record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
-    side_calls = max(2, math.ceil(times["gemm"] / times["ar"]) + 2)
-    concurrent, _ = gpu_timing.median_ms(
-        gpu_timing.concurrent_times(gemm, ar, side_calls, case.reps, case.warmup))
-    record["t_gemm_concurrent_ms"] = concurrent
-    record["contention"] = metrics.contention(concurrent, times["gemm"])
-    record["speedup"] = metrics.speedup(times["serial"], times["ovl"])
-    record["hidden"] = metrics.hidden_fraction(times["gemm"], times["ar"], times["ovl"])
+    record.update(gpu_timing.contention_record(gpu_timing.contention_times(
+        gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup), times["gemm"]))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
-    record["bus_gbs"] = metrics.bus_bandwidth_gbs(record["wire_bytes"], times["ar"])
+    # A fresh world: the probe's pinned buffers go with it, not with the backends' group.
+    gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"], slices,
+                        case.reps, case.warmup)
+    record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
+    if case.timeline:
+        path, events = timeline.record(rt, xs[0], w, case.producer)
+        record["timeline"] = dict(timeline.summarize(events), path=path)
+        record["timeline_events"] = events
     record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting
     rt.close()
     serial_rt.close()

@@ -15,6 +15,9 @@ import torch
 import metrics
 
 ROTATE_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
+#: contention is a ratio of two medians a few percent apart: fewer repeats leave its
+#: spread as large as the effect it is meant to show
+CONTENTION_MIN_REPS = 20
 
 
 def copies_for(t: torch.Tensor) -> int:
@@ -63,6 +66,24 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
         if i >= warmup:
             samples.append(start.elapsed_time(end))
     return samples
+
+
+def contention_times(gemm: Callable[[int], None], ar: Callable[[int], None], t_gemm: float,
+                     t_ar: float, reps: int, warmup: int) -> list[float]:
+    """Device times of ``gemm`` while ``ar`` runs back to back beside it, over
+    max(reps, CONTENTION_MIN_REPS) repeats; ``t_gemm``/``t_ar`` (medians alone, ms) size
+    the AR calls so that they outlast the GEMM."""
+    side_calls = max(2, math.ceil(t_gemm / t_ar) + 2)
+    return concurrent_times(gemm, ar, side_calls, max(reps, CONTENTION_MIN_REPS), warmup)
+
+
+def contention_record(samples: list[float], t_gemm: float) -> dict:
+    """The record's contention keys from :func:`contention_times`'s samples."""
+    med, spread = metrics.median_and_spread(samples)
+    return {"t_gemm_concurrent_ms": med, "t_gemm_concurrent_spread_ms": spread,
+            "contention": metrics.contention(med, t_gemm),
+            "contention_spread": metrics.contention_spread(spread, t_gemm),
+            "contention_reps": len(samples)}
 
 
 def median_ms(samples: list[float]) -> tuple[float, float]:

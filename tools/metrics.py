@@ -3,13 +3,22 @@
     speedup    = T_serial(stock) / T_ovl(b, S)
     hidden     = (T_gemm + T_ar - T_ovl) / min(T_gemm, T_ar)   1 perfect, 0 none, < 0 worse
     contention = T_gemm while b's AR runs concurrently / T_gemm alone
+    bound      = max(T_gemm + T_ar / S, T_ar + T_gemm / S)     the S-slice pipeline's ideal
+    efficiency = bound / T_ovl                                  1: the op reaches its ideal
+    slice overhead = (T_ar of S back-to-back slice ARs - T_ar unsliced) / S
+    link efficiency = bus GB/s / link GB/s                      the AR's share of its raw link
+
+Every T is a median of the same run, in ms. Record keys: ``bound_ms``, ``efficiency``,
+``contention`` and ``contention_spread`` (half its IQR over T_gemm alone, >= 20 repeats),
+``t_ar_sliced_ms`` and ``slice_overhead_us`` (None where S = 1), ``bus_gbs``, ``link_gbs``
+(tools/link.py; None on CPU worlds) and ``link_efficiency``.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -37,9 +46,68 @@ def contention(t_gemm_concurrent: float, t_gemm_alone: float) -> float:
     return t_gemm_concurrent / t_gemm_alone
 
 
+def contention_spread(t_gemm_concurrent_spread: float, t_gemm_alone: float) -> float:
+    """The spread of :func:`contention`: half the IQR of the concurrent GEMM time, in
+    units of T_gemm alone (so ``contention +- contention_spread`` reads as a ratio)."""
+    return t_gemm_concurrent_spread / t_gemm_alone
+
+
+def bound_ms(t_gemm: float, t_ar: float, slices: int) -> float:
+    """The S-slice pipeline's ideal time: every GEMM slice then the last AR slice, or the
+    first GEMM slice then every AR slice, whichever is longer (the pipeline is no faster
+    than its longer lane plus one slice of the other, which cannot overlap anything)."""
+    if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
+        raise ValueError(f"bound_ms: slices must be an int >= 1, got {slices!r}")
+    return max(t_gemm + t_ar / slices, t_ar + t_gemm / slices)
+
+
+def efficiency(bound: float, t_ovl: float) -> float:
+    """How close the op comes to its pipeline's ideal: 1 reaches it, 0.5 takes twice as long."""
+    return bound / t_ovl
+
+
+def slice_overhead_us(t_ar_sliced_ms: float, t_ar_ms: float, slices: int) -> float:
+    """What one extra AR call costs, in us: the AR of the whole tensor as ``slices`` calls
+    back to back, minus the one unsliced call, per slice (fixed costs: launches, flag
+    round trips, DMA setup; negative only within timing noise)."""
+    if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
+        raise ValueError(f"slice_overhead_us: slices must be an int >= 1, got {slices!r}")
+    return (t_ar_sliced_ms - t_ar_ms) / slices * 1e3
+
+
+def link_efficiency(bus_gbs: float, link_gbs: float) -> float:
+    """The AR's bus bandwidth as a share of the raw link's, measured in the same run."""
+    if not link_gbs > 0:
+        raise ValueError(f"link_efficiency: link_gbs must be > 0, got {link_gbs!r}")
+    return bus_gbs / link_gbs
+
+
 def bus_bandwidth_gbs(wire_bytes: int, t_ar_ms: float) -> float:
     """Bytes each rank puts on the wire per second, in GB/s (1e9)."""
     return wire_bytes / (t_ar_ms * 1e-3) / 1e9
+
+
+def derived(t: Mapping[str, float | None], slices: int, wire_bytes: int,
+            link_gbs: float | None = None) -> dict:
+    """The figures of one case from its medians ``t`` (ms; keys gemm, ar, serial, ovl and
+    optionally ar_sliced, None where not measured) and the slice count the op ran.
+
+    Keys: speedup, hidden, bound_ms, efficiency, t_ar_sliced_ms, slice_overhead_us,
+    bus_gbs, link_gbs, link_efficiency; a figure whose input is missing is None."""
+    bound = bound_ms(t["gemm"], t["ar"], slices)
+    bus = bus_bandwidth_gbs(wire_bytes, t["ar"])
+    sliced = t.get("ar_sliced")
+    return {
+        "speedup": speedup(t["serial"], t["ovl"]),
+        "hidden": hidden_fraction(t["gemm"], t["ar"], t["ovl"]),
+        "bound_ms": bound,
+        "efficiency": efficiency(bound, t["ovl"]),
+        "t_ar_sliced_ms": sliced,
+        "slice_overhead_us": None if sliced is None else slice_overhead_us(sliced, t["ar"], slices),
+        "bus_gbs": bus,
+        "link_gbs": link_gbs,
+        "link_efficiency": None if link_gbs is None else link_efficiency(bus, link_gbs),
+    }
 
 
 def errors(result: torch.Tensor, reference: torch.Tensor,

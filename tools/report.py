@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import tempfile
 from typing import Iterable, Sequence
 
-#: (column title, record key, format) of the terminal table, in order
+#: (column title, record key, format) of the terminal table, in order; max_abs_err and
+#: the spreads stay in JSON/CSV only (the table is wide enough)
 COLUMNS: Sequence[tuple[str, str, str]] = (
     ("backend", "backend", "{}"), ("M", "M", "{}"), ("S", "slices", "{}"),
     ("gemm ms", "t_gemm_ms", "{:.3f}"), ("ar ms", "t_ar_ms", "{:.3f}"),
     ("serial ms", "t_serial_ms", "{:.3f}"), ("ovl ms", "t_ovl_ms", "{:.3f}"),
+    ("bound ms", "bound_ms", "{:.3f}"), ("eff", "efficiency", "{:.2f}"),
     ("speedup", "speedup", "{:.2f}x"), ("hidden", "hidden", "{:.2f}"),
-    ("contention", "contention", "{:.2f}x"), ("wire MiB", "wire_bytes", "mib"),
-    ("bus GB/s", "bus_gbs", "{:.1f}"), ("rel rms", "rel_rms_err", "{:.1e}"),
-    ("max abs", "max_abs_err", "{:.1e}"), ("ok", "correct", "ok"),
+    ("contention", "contention", "contention"), ("slice us", "slice_overhead_us", "{:.1f}"),
+    ("wire MiB", "wire_bytes", "mib"), ("bus GB/s", "bus_gbs", "{:.1f}"),
+    ("link GB/s", "link_gbs", "{:.1f}"), ("link eff", "link_efficiency", "{:.2f}"),
+    ("rel rms", "rel_rms_err", "{:.1e}"), ("ok", "correct", "ok"),
 )
 
 
@@ -26,7 +31,28 @@ def cell(record: dict, key: str, fmt: str) -> str:
         return f"{value / 2 ** 20:.1f}"
     if fmt == "ok":
         return "yes" if value else "WRONG"
+    if fmt == "contention":
+        spread = record.get("contention_spread")
+        return f"{value:.2f}x" + ("" if spread is None else f"±{spread:.2f}")
     return fmt.format(value)
+
+
+def unwritable_reason(path: str, is_dir: bool) -> str | None:
+    """None if ``path`` (a folder, or a file's path) can be written, else why not.
+
+    Creates the folder (a file's parent folder) and a probe file in it, then removes the
+    probe: a run that measures for minutes must not fail at its last step."""
+    folder = path if is_dir else (os.path.dirname(path) or ".")
+    if not is_dir and os.path.isdir(path):
+        return "is a directory, expected a file path"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def table(records: Iterable[dict]) -> str:
@@ -50,7 +76,9 @@ def write_csv(path: str, records: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
-        writer.writerows(records)
+        # Nested values (the timeline summary) as JSON, not as Python reprs.
+        writer.writerows({k: json.dumps(v) if isinstance(v, (dict, list)) else v
+                          for k, v in r.items()} for r in records)
 
 
 def write_png(path: str, title: str, records: list[dict],

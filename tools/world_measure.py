@@ -5,11 +5,15 @@ verify first, then time. Timings are medians over ``reps`` after ``warmup`` call
 call preceded by a barrier; on a GPU they are device-event times, on the CPU
 ``perf_counter`` times. The reference is independent of every backend: each rank's
 float64 partial product, summed over ranks by a float64 all-reduce.
+
+Besides GEMM, AR, serial and overlapped op, it times the AR as S slice calls back to
+back (the slice overhead); on a GPU also the GEMM beside the AR (contention), the raw
+link between the ranks (:mod:`link`) and, with ``Case.timeline``, one op call's events
+(:mod:`timeline`). The derived figures are :func:`metrics.derived`'s.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -17,11 +21,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import gpu_timing
+import link
 import metrics
 import overlap
+import timeline
 from backends.world import World
 from overlap.config import OverlapSettings
 from overlap.op import forward
+from overlap.slicing import slice_bounds
 
 
 @dataclass
@@ -35,6 +43,8 @@ class Case:
     warmup: int
     seed: int = 0
     producer: str = "bf16"
+    #: record one op call's device events (GPU worlds; see tools/timeline.py)
+    timeline: bool = False
 
 
 def shard(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,8 +58,6 @@ def shard(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, to
 def timed_ms(world: World, fn, reps: int, warmup: int) -> list[float]:
     """Per-call times of ``fn(i)`` in ms, each call started after a barrier."""
     if world.device.type == "cuda":
-        import gpu_timing
-
         # The barrier runs before the start event is recorded: it is not timed.
         return gpu_timing.event_times(fn, reps, warmup, before=world.memory.barrier)
     for i in range(warmup):
@@ -120,22 +128,35 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     def ar(i):
         backend.all_reduce(ar_in, ar_out)
 
-    times = {}
-    for key, fn in (("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)):
+    bounds = slice_bounds(case.rows, record["slices"])
+    slices = len(bounds) - 1  # the slices the op runs (S is clamped to M rows)
+
+    def ar_sliced(i):
+        # The AR of the whole tensor as the op calls it: one call per row slice.
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            backend.all_reduce(ar_in[a:b], ar_out[a:b])
+
+    times = {"ar_sliced": None}
+    timed = [("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)]
+    if slices > 1:  # one slice is the unsliced AR: no overhead to measure
+        timed.insert(2, ("ar_sliced", ar_sliced))
+    for key, fn in timed:
         med, spread = metrics.median_and_spread(timed_ms(world, fn, case.reps, case.warmup))
         times[key] = med
         record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
-    record["speedup"] = metrics.speedup(times["serial"], times["ovl"])
-    record["hidden"] = metrics.hidden_fraction(times["gemm"], times["ar"], times["ovl"])
-    record["contention"] = None  # needs concurrent streams: measured on GPUs only
+    # Contention needs concurrent streams: measured on GPUs only.
+    record.update({"contention": None, "contention_spread": None})
     if world.device.type == "cuda":
-        import gpu_timing
-
-        side_calls = max(2, math.ceil(times["gemm"] / times["ar"]) + 2)
         world.memory.barrier()
-        concurrent, _ = metrics.median_and_spread(
-            gpu_timing.concurrent_times(gemm, ar, side_calls, case.reps, case.warmup))
-        record["t_gemm_concurrent_ms"] = concurrent
-        record["contention"] = metrics.contention(concurrent, times["gemm"])
-    record["bus_gbs"] = metrics.bus_bandwidth_gbs(record["wire_bytes"], times["ar"])
+        record.update(gpu_timing.contention_record(gpu_timing.contention_times(
+            gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup), times["gemm"]))
+        gbs = link.link_gbs(world, record["wire_bytes"], slices, case.reps, case.warmup)
+        record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
+        if case.timeline:
+            world.memory.barrier()
+            path, events = timeline.record(rt, x, w, case.producer)
+            record["timeline"] = dict(timeline.summarize(events), path=path)
+            record["timeline_events"] = events
+    else:
+        record.update(metrics.derived(times, slices, record["wire_bytes"]))
     return record

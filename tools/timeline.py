@@ -1,0 +1,183 @@
+"""One overlapped op call as the device ran it (``compare_backends.py --timeline``, GPU only).
+
+:func:`record` runs one call of the op's sliced pipeline on a runtime with device events
+around each GEMM slice on the side stream and around each slice's AR on the caller's
+stream, so the Gantt chart shows where the AR lane waits for the GEMM (the pipeline
+fill, a GEMM slower than an AR slice) and where the ARs run back to back. It repeats
+the steps of ``overlap.op._forward`` and ``overlap.pipeline.run_sliced`` (kept in step
+by hand: change them together) because the op has no hooks for events.
+
+Events are ``{lane, slice, start_ms, end_ms}``, times relative to an event recorded on
+the caller's stream as the call starts. :func:`summarize` reduces them to the record's
+``timeline`` key; the writers produce ``timeline.json`` and one Gantt PNG per case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import torch
+
+from overlap.op import check_inputs
+from overlap.runtime import OverlapRuntime
+from overlap.slicing import slice_bounds
+
+GEMM_LANE = "GEMM (side stream)"
+AR_LANE = "AR (caller stream)"
+LANES = (GEMM_LANE, AR_LANE)
+
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
+
+
+def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
+           producer: str) -> tuple[str, list[dict]]:
+    """GPU. One op call on ``rt`` with events; returns (path, events). Collective like the
+    op (every rank calls it). ``path``: "sliced", or "unsliced" where the op runs GEMM then
+    one AR on the caller's stream (M below MIN_M, or a backend that is not pipelined)."""
+    if not x.is_cuda:
+        raise ValueError(f"timeline.record: x is on {x.device}; device events need a GPU")
+    prod = check_inputs(x, weight, None, producer)
+    device = x.device
+    spans: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []
+    with rt.one_call_at_a_time():
+        rows, cols = x.shape[0], weight.shape[0]
+        backend = rt.backend
+        sliced = rows >= rt.settings.min_m and backend.pipelined
+        origin = _event()
+        origin.record()
+        out = torch.empty((rows, cols), dtype=x.dtype, device=device)
+        prepared = prod.prepare(x, weight, None, rt.scratch)
+        if not sliced:
+            g0, g1, a0, a1 = _event(), _event(), _event(), _event()
+            g0.record()
+            prod.launch(prepared, 0, rows, out, torch.cuda.current_stream(device).cuda_stream)
+            g1.record()
+            a0.record()
+            with backend.vendor_call(out):
+                rt.stock.all_reduce(out, out)
+            a1.record()
+            spans = [(GEMM_LANE, 0, g0, g1), (AR_LANE, 0, a0, a1)]
+        else:
+            backend.call_key = (rows, x.shape[1])
+            backend.ensure_capacity(rows, cols, out.dtype)
+            y = (backend.input_view(rows, cols, out.dtype) if backend.peer_visible_input
+                 else rt.scratch.get("gemm_out", (rows, cols), out.dtype, device))
+            bounds = slice_bounds(rows, rt.settings.slices)
+            lanes = rt.lanes()
+            lanes.side_waits_for_caller()
+            with lanes.on_side():
+                for s in range(len(bounds) - 1):
+                    a, b = bounds[s], bounds[s + 1]
+                    start, end = _event(), _event()
+                    start.record(lanes.side)
+                    prod.launch(prepared, a, b, y[a:b], lanes.side_handle)
+                    end.record(lanes.side)
+                    lanes.mark_side(s)
+                    spans.append((GEMM_LANE, s, start, end))
+            for s in range(len(bounds) - 1):
+                a, b = bounds[s], bounds[s + 1]
+                lanes.caller_waits(s)
+                # Recorded after the wait: the AR lane's start is when its input is ready.
+                start, end = _event(), _event()
+                start.record()
+                backend.all_reduce(y[a:b], out[a:b])
+                end.record()
+                spans.append((AR_LANE, s, start, end))
+    torch.cuda.synchronize(device)
+    events = [{"lane": lane, "slice": s, "start_ms": origin.elapsed_time(start),
+               "end_ms": origin.elapsed_time(end)} for lane, s, start, end in spans]
+    return ("sliced" if sliced else "unsliced"), events
+
+
+def lane_spans(events: Sequence[dict], lane: str) -> list[dict]:
+    """The events of ``lane`` in slice order (one per slice, slices 0..S-1)."""
+    spans = sorted((e for e in events if e["lane"] == lane), key=lambda e: e["slice"])
+    if [e["slice"] for e in spans] != list(range(len(spans))):
+        raise ValueError(f"timeline: lane {lane!r} has slices {[e['slice'] for e in spans]}, "
+                         "expected 0..S-1 once each")
+    return spans
+
+
+def summarize(events: Sequence[dict]) -> dict:
+    """The record's ``timeline`` key: per-slice GEMM and AR times, the AR lane's idle gap
+    before each slice (slice 0's from the call's start: the pipeline fill), their sum
+    (``ar_idle_ms``), the sum without the fill, and the call's span, all in ms."""
+    gemm, ar = lane_spans(events, GEMM_LANE), lane_spans(events, AR_LANE)
+    if len(gemm) != len(ar) or not ar:
+        raise ValueError(f"timeline: {len(gemm)} GEMM and {len(ar)} AR slices; expected the "
+                         "same number, at least one")
+    gaps, prev_end = [], 0.0
+    for e in ar:
+        gaps.append(e["start_ms"] - prev_end)
+        prev_end = e["end_ms"]
+    return {"slices": len(ar),
+            "gemm_ms": [e["end_ms"] - e["start_ms"] for e in gemm],
+            "ar_ms": [e["end_ms"] - e["start_ms"] for e in ar],
+            "ar_gap_ms": gaps, "ar_idle_ms": sum(gaps), "ar_idle_after_fill_ms": sum(gaps[1:]),
+            "span_ms": max(e["end_ms"] for e in events)}
+
+
+def format_slices(entry: dict) -> str:
+    """Per slice: GEMM ms, AR ms and the AR lane's idle gap before it, for the terminal."""
+    t = summarize(entry["events"])
+    lines = [f"timeline {entry['backend']} M={entry['M']} S={entry['S']} ({entry['path']}): "
+             f"span {t['span_ms']:.3f} ms, AR idle {t['ar_idle_ms']:.3f} ms "
+             f"({t['ar_idle_after_fill_ms']:.3f} after the fill)",
+             "  slice  gemm ms  ar ms  ar idle before ms"]
+    for s in range(t["slices"]):
+        lines.append(f"  {s:5d}  {t['gemm_ms'][s]:7.3f}  {t['ar_ms'][s]:5.3f}  "
+                     f"{t['ar_gap_ms'][s]:17.3f}")
+    return "\n".join(lines)
+
+
+def png_name(backend: str, rows: int, slices: int) -> str:
+    return f"timeline_{backend}_M{rows}_S{slices}.png"
+
+
+def write_json(path: str, header: dict, entries: list[dict]) -> None:
+    """``entries``: {backend, M, S, path, events}; each gains its summary."""
+    out = [dict(e, summary=summarize(e["events"])) for e in entries]
+    with open(path, "w") as f:
+        json.dump({"mode": header, "timelines": out}, f, indent=1)
+
+
+def write_png(path: str, entry: dict, title: str = "") -> None:
+    """A Gantt chart of one call: one row per lane, one bar per slice, numbered."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    colors = {GEMM_LANE: "tab:blue", AR_LANE: "tab:orange"}
+    for row, lane in enumerate(LANES):
+        for e in lane_spans(entry["events"], lane):
+            width = e["end_ms"] - e["start_ms"]
+            ax.broken_barh([(e["start_ms"], width)], (row - 0.35, 0.7), color=colors[lane],
+                           edgecolor="black", linewidth=0.5)
+            ax.text(e["start_ms"] + width / 2, row, str(e["slice"]), ha="center",
+                    va="center", fontsize=7)
+    ax.set_yticks(range(len(LANES)), LANES)
+    ax.set_ylim(-0.6, len(LANES) - 0.4)
+    ax.set_xlabel("ms from the call's start")
+    ax.set_title(title or f"{entry['backend']} M={entry['M']} S={entry['S']} ({entry['path']})",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_all(out_dir: str, header: dict, entries: list[dict], png: bool) -> list[str]:
+    """timeline.json (and a PNG per entry unless ``png`` is False); returns the paths."""
+    paths = [os.path.join(out_dir, "timeline.json")]
+    write_json(paths[0], header, entries)
+    if png:
+        for e in entries:
+            paths.append(os.path.join(out_dir, png_name(e["backend"], e["M"], e["S"])))
+            write_png(paths[-1], e, f"{e['backend']} M={e['M']} S={e['S']} ({e['path']}) -- "
+                                    f"{header.get('label', '')}")
+    return paths
