@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device session: GPU tests, codec throughput, contention breakdown, then the main
-# job in the emulated world and a one-rank torchrun smoke run.
+# One device session: the GPU tests, then the main job in the emulated world.
 # Usage (on a GPU machine): tools/gpu_session.sh OUT_DIR [compare flags...]
-# Writes 7 files into OUT_DIR (summary.log, pytest_full.log, extras.log, compare.*).
+# Writes into OUT_DIR: summary.log, pytest_full.log, compare.log and compare.tar.gz (the
+# compare tool's JSON, CSV, PNGs and timeline), few files because a lent device returns few.
+# GPU_TESTS (space-separated test files) narrows the tests; default every file marked gpu.
 set -uo pipefail
 out=${1:?usage: tools/gpu_session.sh OUT_DIR [compare flags...]}
 shift
@@ -10,19 +11,15 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/summary.log" 2>&1
 # One pytest process per file: a CUDA error in one file cannot poison the next.
-for f in $(grep -l "mark.gpu" tests/test_*.py); do
+for f in ${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}; do
     echo "===== $f" >> "$out/pytest_full.log"
     timeout 180 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" \
         >> "$out/pytest_full.log" 2>&1
     echo "$f: $(tail -1 "$out/pytest_full.log")" >> "$out/summary.log"
 done
-{
-    echo "===== bench_codec"; timeout 120 python3 tools/bench_codec.py --quick
-    echo "===== contention_breakdown"
-    timeout 150 python3 tools/contention_breakdown.py --world 4 --backends sdma,sdma_wht6
-    echo "===== torchrun, 1 rank"
-    timeout 120 torchrun --nproc-per-node 1 tools/compare_backends.py --quick --no-probe \
-        --out-dir /tmp/torchrun1 --no-png
-} > "$out/extras.log" 2>&1
-timeout 420 python3 tools/compare_backends.py --out-dir "$out" "$@" > "$out/compare.log" 2>&1
-cat "$out/summary.log"; tail -40 "$out/extras.log"; tail -25 "$out/compare.log"
+if [ $# -gt 0 ]; then
+    timeout 400 python3 tools/compare_backends.py --out-dir /tmp/compare "$@" \
+        > "$out/compare.log" 2>&1
+    tar czf "$out/compare.tar.gz" -C /tmp compare
+fi
+cat "$out/summary.log"; tail -45 "$out/compare.log" 2>/dev/null
