@@ -4,8 +4,9 @@ Math (format in ``backends/wht6/__init__.py``): each 6-bit code (sign, q) become
 +-L(q) * s_g in the rotated domain, with L(q) = t (3 + t) / 4, t = (2q + 1) / 63 and
 s_g = S * (c_g / 63)^2 from the block record (S NaN for a block sent as NaN); each
 sub-block is rotated back, x = H32 @ y (tensor cores, fp32 accumulation, the fp32
-values split into exact bf16 pieces, rows shifted by powers of two so nothing
-overflows), and rounded once to the output dtype; a block that overflows it is NaN.
+values split into exact bf16 pieces, rows of extreme values shifted by powers of two
+so no partial sum overflows), and rounded once to the output dtype; a block that
+overflows that dtype is NaN.
 
 Each program decodes T consecutive sub-blocks in row-major order (T // 8 whole blocks).
 """

@@ -5,8 +5,8 @@ Math (format in ``backends/wht6/__init__.py``): the rotation is linear, so the s
 taken in the rotated domain: acc = y_0 + y_1 + ... + y_{W-1} in fp32, in payload order,
 each y_w = +-L(q) * s_g / 8 dequantized as in the decode kernel (the 1/8 leaves room
 for 8 payloads of any finite scale), then ONE inverse rotation x = H32 @ acc * 8
-(tensor cores, fp32 accumulation, exact bf16 pieces, rows shifted by powers of two so
-no partial sum overflows) and ONE rounding to the output dtype. Every rank that passes
+(tensor cores, fp32 accumulation, exact bf16 pieces, rows of extreme values shifted by
+powers of two so no partial sum overflows) and ONE rounding to the output dtype. Every rank that passes
 the payloads in the same order gets the same bits. A NaN block in any payload makes
 that block of the sum NaN, and so does a block whose sum overflows the output dtype.
 

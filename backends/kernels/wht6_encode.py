@@ -3,10 +3,10 @@
 Math (format in ``backends/wht6/__init__.py``): each 32 consecutive values x of a row
 are rotated, y = H32 @ x / 32 (entries +-1, on tensor cores with fp32 accumulation,
 rows shifted by powers of two so nothing overflows); the max |y| over each 256-value
-block, rounded up to bf16, is the block scale S (a non-zero block outside the coded
-range, or one holding NaN/Inf, is sent as NaN); each
-sub-block g gets s_g = S * (c_g / 63)^2 with the smallest 6-bit c_g covering its max; each
-value gets a 6-bit code: sign and q = floor((sqrt(|y| / s_g + 9/16) - 3/4) * 63).
+block, rounded up to bf16, is the block scale S (a block holding NaN/Inf, or a
+non-zero one outside the coded range, is sent as NaN); each sub-block g gets
+s_g = S * (c_g / 63)^2 with the smallest 6-bit c_g covering its max; each value gets
+a 6-bit code: sign and q = floor((sqrt(|y| / s_g + 9/16) - 3/4) * 63).
 Payload row r: [cols/2 B nibble plane | cols/4 B high-bit plane | cols/32 B records].
 
 Each program encodes T consecutive sub-blocks in row-major order (T // 8 whole blocks),

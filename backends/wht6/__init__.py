@@ -1,8 +1,11 @@
 """wht6: a 6.25-bit Walsh-Hadamard codec for compressed all-reduce (issue 3).
 
 Public API: ``encode``, ``decode``, ``decode_accumulate``, ``bits_per_value``,
-``payload_shape``, ``BLOCK``. CUDA/ROCm tensors run Triton kernels (imported lazily),
-every other device runs the plain-torch reference (``reference.py``, the spec in code).
+``payload_shape``, ``cols_reason``, and the format constants (defined once, in
+``reference.py``): ``BLOCK``, ``SUB``, ``GROUP``, ``BLOCK_BYTES``,
+``payload_bytes_per_row``, ``SCALE_MIN``. CUDA/ROCm tensors run Triton kernels (imported
+lazily), every other device runs the plain-torch reference (``reference.py``, the spec
+in code).
 
 Wire format
 -----------
@@ -11,10 +14,11 @@ uint8 payload [rows, 25 * cols / 32]: payload row r depends on input row r only,
 row slices of a tensor and of its payload correspond. Every 32 consecutive values of a
 row form a sub-block; 8 consecutive sub-blocks (256 values) form a block.
 
-1. Rotate each sub-block: y = H32 @ x (Sylvester-Hadamard, entries +-1, unnormalized;
-   H32 @ H32 = 32 I, so the decoder's inverse is H32 @ y / 32, exact powers of two).
+1. Rotate each sub-block: y = H32 @ x / 32 (Sylvester-Hadamard, entries +-1; H32 @ H32
+   = 32 I, so the decoder's inverse is x = H32 @ y). The power-of-two normalization
+   keeps |y| <= max |x| (no finite input overflows) and max |y| >= max |x| / 32.
 2. Block scale S: the max |y| over the block, rounded UP to bf16 (so nothing clips).
-   A block max below 2**-100 is coded as 0 (the block decodes to exact zeros).
+   An all-zero block has S = 0 and decodes to exact zeros.
 3. Sub-block scale s_g = fp32(S * r(c_g)), r(c) = v * v with v = fp32(c * fp32(1/63))
    (quadratic: reaches 1/3969 of S, for sub-blocks next to massive activations), c_g
    in 0..63 the smallest code with s_g >= max |y| over sub-block g (0: all zero).
@@ -42,15 +46,26 @@ row form a sub-block; 8 consecutive sub-blocks (256 values) form a block.
    so kernels load the planes as int32 words and the records as int64.
    Per block: 256 x 6 bits + 64 bits = 200 bytes: exactly 6.25 bits/value including
    scales (cols = 5120: 4000 bytes per row). QuickReduce INT6 is 6.5.
-6. Non-finite input: a block holding NaN or +-Inf anywhere (or whose rotation
-   overflows fp32, i.e. |x| of order 1e37) is sent with S = NaN (bf16 0x7FC0) and
-   zero codes, and ALL 256 values of that block decode to NaN; other blocks are
-   unaffected. In decode_accumulate the NaN propagates into the sum of that block.
-   Never a plausible finite number.
+6. Range. A block is coded when it is all zeros or when SCALE_MIN = 2**-114 <= max |y|
+   <= the bf16 max (3.39e38); by 1. that holds for every finite block with 2**-109
+   (1.5e-33) <= max |x| <= 3.38e38. SCALE_MIN keeps every sub-scale (>= S / 3969) a
+   normal fp32 number. Any other block is sent with S = NaN (bf16 0x7FC0) and zero
+   codes, and ALL 256 of its values decode to NaN: one holding NaN or +-Inf, one whose
+   max |y| exceeds the bf16 max (fp32 input beyond ~3.39e38), a non-zero one whose max
+   |y| is below SCALE_MIN (certain for max |x| < 2**-114 = 4.8e-35, subnormal input
+   included). Other blocks are unaffected. Within the coded range a power-of-two
+   factor on x scales S exactly and leaves the codes as they are (up to the rounding
+   of rotated values below 2**-126). Never 0 for a non-zero block, never a plausible
+   finite number for one out of range.
 
-decode_accumulate(payloads) dequantizes each payload into the rotated domain, sums them
-in fp32 in list order, applies ONE inverse rotation and rounds ONCE to the output dtype:
-given the same payload order every rank gets the same bits.
+decode_accumulate(payloads) dequantizes each payload into the rotated domain times
+HEADROOM = 1/8 (y_w / 8 = fp32(L(q) / 8 * s_g): exact but where it is below 2**-126,
+then rounded as a subnormal), sums them in fp32 in list order (8 payloads of any
+scale cannot overflow), applies ONE inverse rotation x = H32 @ acc * 8 and rounds ONCE
+to the output dtype: given the same payload order every rank gets the same bits. A
+block of the result holding a value beyond the output dtype's range (3.4e38 for
+fp32/bf16, 65504 for fp16) decodes to NaN entirely, never +-Inf; a NaN block of any
+payload makes that block of the sum NaN.
 
 What was tried (relative RMS error as a ratio to the QuickReduce INT6 baseline of
 ``baseline_int6.py``, one 1024x5120 tensor; Gaussian / Student-t(3) / 0.5% outlier
@@ -79,17 +94,21 @@ on t(3). Reaching 0.5x would need vector quantization or entropy coding (not tri
 import torch
 
 from . import reference
-from .reference import BLOCK
+from .reference import BLOCK, BLOCK_BYTES, GROUP, SCALE_MIN, SUB, payload_bytes_per_row
 
-__all__ = ["BLOCK", "MAX_PAYLOADS", "bits_per_value", "payload_shape", "encode", "decode",
-           "decode_accumulate"]
+__all__ = ["BLOCK", "BLOCK_BYTES", "GROUP", "MAX_PAYLOADS", "SCALE_MIN", "SUB",
+           "SUM_REL_RMS_BOUND", "bits_per_value", "cols_reason", "decode", "decode_accumulate",
+           "encode", "payload_bytes_per_row", "payload_shape"]
 
 #: bound on the relative RMS error of a decode_accumulate of W encoded bf16 tensors vs
 #: their exact sum, on Gaussian-like data: one payload's error is ~0.021 relative
 #: (tools/bench_codec.py: 0.021 on Gaussian, 0.98x INT6), errors add like the partials do, and the
 #: bf16 rounding of the sum adds 2^-9; 2^-5 leaves 1.5x of margin.
 SUM_REL_RMS_BOUND = 2.0 ** -5
-MAX_PAYLOADS = 8  # payloads one decode_accumulate kernel launch sums (reference: any)
+# Payloads one decode_accumulate kernel launch sums: also the sum's fp32 headroom
+# (1 / reference.HEADROOM). The reference takes any number; past 8, a partial sum of
+# blocks near the bf16 max can overflow, and that block of the result is NaN.
+MAX_PAYLOADS = 8
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
