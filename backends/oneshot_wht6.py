@@ -140,8 +140,7 @@ class OneshotWht6Backend(Backend):
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
         if world_size < 2:
             return 0
-        # 200 payload bytes per 256 values (cols is a multiple of 256, so numel is too).
-        return (world_size - 1) * -(-numel * 25 // 32)
+        return (world_size - 1) * wht6.payload_bytes(numel)
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         for label, v in (("max_rows", max_rows), ("cols", cols)):

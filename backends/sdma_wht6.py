@@ -46,7 +46,7 @@ class SdmaWht6Backend(SdmaBackend):
         return wht6.cols_reason(cols)
 
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
-        return (world_size - 1) * numel * 25 // 32 if world_size > 1 else 0
+        return (world_size - 1) * wht6.payload_bytes(numel) if world_size > 1 else 0
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         rows, row_bytes = wht6.payload_shape(max_rows, cols)

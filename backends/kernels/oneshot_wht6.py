@@ -10,8 +10,8 @@ its tiles, tile i belongs to CTA i mod G on every rank)::
     for p != r: spin until flag_p[c] >= t       # ld.acquire.sys, bounded (below)
     bar.sync
     for tile in my tiles:
-        acc = dequant(P_0[tile]); acc += dequant(P_p[tile]) for p = 1..W-1   # fp32
-        out[tile] = round(H32 @ acc / 32)       # ONE inverse rotation, ONE rounding
+        acc = dequant(P_0[tile]) / 8; acc += dequant(P_p[tile]) / 8 for p = 1..W-1  # fp32
+        out[tile] = round(H32 @ acc * 8)        # ONE inverse rotation, ONE rounding
 
 Math and wire format are the wht6 codec's (``backends/wht6/__init__.py``): a payload
 row is ``25 cols / 32`` bytes (6.25 bits/value); P_r is this rank's own payload read
@@ -58,6 +58,7 @@ from typing import Any, Sequence
 import torch
 
 from backends import envs
+from backends.wht6 import BLOCK, BLOCK_BYTES, SUB
 
 
 
@@ -67,7 +68,6 @@ ITERS_PER_MS = 1000  # spin bound without a timer (see module doc)
 #: flag value of a passive peer (timing mode): above any epoch a run reaches; its
 #: signature is not checked
 PASSIVE_EPOCH = 2 ** 62
-SUB, BLOCK, BLOCK_BYTES = 32, 256, 200
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # bf16 pieces that carry the input exactly / the sum well below one output rounding
 # (the codec's encode and decode_accumulate kernels use the same).
@@ -182,9 +182,8 @@ def _oneshot_wht6_kernel(
         for tile in range(pid, n_tiles, ctas):
             f0 = tile * T  # int32: launch checks n_sub < 2**31; helpers widen
             ptrs, mask = _value_ptrs(x_ptr, f0, n_sub, subs_per_row, cols, x_row_stride, T)
-            y = wht6_tile.wht32(tl.load(ptrs, mask=mask, other=0.0).to(tl.float32),
-                                SPLITS_IN, DOT_FP32)
-            nib, high, rec = wht6_tile.quantize(y, T)
+            nib, high, rec = wht6_tile.encode_tile(
+                tl.load(ptrs, mask=mask, other=0.0).to(tl.float32), T, SPLITS_IN, DOT_FP32)
             nib_p, high_p, rec_p, sub_m, blk_m = wht6_tile.payload_ptrs(
                 my_pub + region, f0, n_sub, subs_per_row, pay_row_w64, T)
             tl.store(nib_p, nib, mask=sub_m[:, None])
@@ -245,10 +244,11 @@ def _oneshot_wht6_kernel(
                         src = own_src
                     acc += wht6_tile.load_dequantize(src, f0, n_sub, subs_per_row,
                                                      pay_row_w64, T)
-                res = wht6_tile.wht32(acc, SPLITS_OUT, DOT_FP32) * 0.03125
+                res = wht6_tile.decode_tile(acc, out_ptr.dtype.element_ty, T, SPLITS_OUT,
+                                            DOT_FP32)
                 ptrs, mask = _value_ptrs(out_ptr, f0, n_sub, subs_per_row, cols,
                                          out_row_stride, T)
-                tl.store(ptrs, res.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.store(ptrs, res, mask=mask)
 
 
 def _kernel() -> Any:

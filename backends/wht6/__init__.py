@@ -96,7 +96,7 @@ import torch
 from . import reference
 from .reference import BLOCK, BLOCK_BYTES, GROUP, SCALE_MIN, SUB, payload_bytes_per_row
 
-__all__ = ["BLOCK", "BLOCK_BYTES", "GROUP", "MAX_PAYLOADS", "SCALE_MIN", "SUB",
+__all__ = ["BLOCK", "BLOCK_BYTES", "GROUP", "MAX_PAYLOADS", "SCALE_MIN", "SUB", "payload_bytes",
            "SUM_REL_RMS_BOUND", "bits_per_value", "cols_reason", "decode", "decode_accumulate",
            "encode", "payload_bytes_per_row", "payload_shape"]
 
@@ -116,6 +116,11 @@ def bits_per_value(cols: int) -> float:
     """Bits on the wire per input value, scales included (6.25 for every valid cols)."""
     _check_cols("cols", cols)
     return 8.0 * reference.payload_bytes_per_row(cols) / cols
+
+
+def payload_bytes(numel: int) -> int:
+    """Payload bytes of ``numel`` values (whole blocks: rows of a multiple of BLOCK)."""
+    return -(-numel // BLOCK) * BLOCK_BYTES
 
 
 def payload_shape(rows: int, cols: int) -> tuple:
