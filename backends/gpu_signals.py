@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from backends.call_contract import CollectiveMismatchError, PeerAbortedError, PeerTimeoutError
+from backends.call_contract import (CollectiveMismatchError, PeerAbortedError, PeerTimeoutError,
+                                    device_tag)
 from backends.copy_engine import MASK32, CopyEngine
 from backends.peer_memory import PeerBuffer
 from backends.signals import _HEADER, RING, SLOT_BYTES, Signals, _word
@@ -25,6 +26,9 @@ class GpuSignals(Signals):
 
     #: events kept for check(); only the newest matters (stream order), the ring bounds reuse
     EVENT_RING = 64
+    #: stream operations compare 32 bits on NVIDIA: the tag hashes epoch and signature
+    #: together (a 64-bit host tag would lose its epoch half in a 32-bit write)
+    _make_tag = staticmethod(device_tag)
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
                  engine: CopyEngine, owner: str = "signals"):

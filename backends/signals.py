@@ -54,8 +54,8 @@ from typing import Callable, Iterator
 import torch
 
 from backends.call_contract import (NO_TAG, CallSignature, CollectiveMismatchError,
-                                    FaultState, PeerAbortedError, PeerTimeoutError,
-                                    device_tag, host_tag, tag_epoch)
+                                    FaultState, PeerAbortedError, PeerTimeoutError, host_tag,
+                                    tag_epoch)
 from backends.copy_engine import MASK32
 from backends.peer_memory import PeerBuffer
 
@@ -166,8 +166,12 @@ class Signals(abc.ABC):
         return None
 
     def tag(self, epoch: int) -> int:
+        """The flag value of step ``ready``/``reduced`` of the current call ``epoch``."""
         assert epoch == self.epoch and self._sig is not None, "post/wait outside its call"
-        return (host_tag if self._host_visible else device_tag)(epoch, self._sig)
+        return self._make_tag(epoch, self._sig)
+
+    #: host spins read 64-bit tags (epoch and signature apart, for messages)
+    _make_tag = staticmethod(host_tag)
 
     @abc.abstractmethod
     def post(self, slot: str, epoch: int, stream: int) -> None:

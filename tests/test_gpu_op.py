@@ -63,14 +63,17 @@ def test_decode_path_of_every_backend_captures_and_replays_correctly(backend):
     rt.close()
 
 
-def test_growth_during_capture_is_refused():
+def test_capture_refuses_backends_not_capture_safe_and_growth():
     rt = runtime(min_m=1, slices=2)
     x, w = inputs(64)
     overlap.forward(rt, x[:32].contiguous(), w, None, "bf16")  # scratch sized for 32 rows
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="'test_peer_sum' is not capture-safe"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            overlap.forward(rt, x[:32].contiguous(), w, None, "bf16")
+    rt.backend.capture_safe = True  # one rank: it has no call numbers a replay could repeat
     with pytest.raises(RuntimeError, match="during CUDA-graph capture"):
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
             overlap.forward(rt, x, w, None, "bf16")
     torch.cuda.synchronize()
     assert torch.equal(overlap.forward(rt, x, w, None, "bf16"), torch.mm(x, w.t()))

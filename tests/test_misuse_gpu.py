@@ -15,6 +15,7 @@ import world_jobs
 from backends.call_contract import CollectiveError
 from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
+from overlap.slicing import slice_bounds
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0)
@@ -33,6 +34,16 @@ def runtimes(backend):
     streams = [torch.cuda.Stream(DEV) for _ in rts]
     for rt in rts:  # every rank sized and compiled before any stream can wait on a peer
         rt.backend.ensure_capacity(128, N, torch.bfloat16)
+        rt.scratch.get("gemm_out", (128, N), torch.bfloat16, DEV)
+        rt.lanes()
+    # cuBLAS may load a kernel for a new GEMM shape, which synchronizes the device: with a
+    # rank's stream parked on a peer's flag that would hang. Run every slice shape now.
+    for rows in (64, 48):
+        for k in (32, 64):
+            x, w = (t.to(DEV) for t in world_jobs.shard(0, 0, rows, N, k))
+            for a, b in zip(slice_bounds(rows, SLICES)[:-1], slice_bounds(rows, SLICES)[1:]):
+                torch.mm(x[a:b], w.t())
+    torch.cuda.synchronize(DEV)
     return rts, streams
 
 
