@@ -92,12 +92,12 @@ class GpuSignals(Signals):
         bound = self.timeout_ms if timeout_ms is None else timeout_ms
         start = time.monotonic()
         while not self._last_event.query():
-            if (time.monotonic() - start) * 1000.0 > bound:
-                try:
-                    self._report_missing((time.monotonic() - start) * 1000.0)
-                except BaseException as e:
-                    self.fail(e)
-                    raise
+            waited_ms = (time.monotonic() - start) * 1000.0
+            if waited_ms > bound:
+                error = self._diagnose(waited_ms)
+                self._drain()
+                self.fail(error)
+                raise error
             time.sleep(5e-5)
         self._awaited.clear()
 
@@ -109,14 +109,34 @@ class GpuSignals(Signals):
                 self._words[peer][_word(slot, epoch)] = value
         self._awaited.clear()
 
+    def _drain(self) -> None:
+        """Host-visible flags: release this rank's blocked stream until it has finished.
+
+        One write of the awaited values is not enough: a peer's own delayed posts land in
+        the same words later (a tag of ITS call, a lower ``done``) and can undo a release
+        the stream had not yet seen, leaving it blocked for good (seen on an H200 with
+        two mismatched emulated ranks). So the awaited values are written again, every
+        0.5 ms, while this rank's last call is unfinished, bounded by 10 spin bounds."""
+        if not self._host_visible:
+            return
+        deadline = time.monotonic() + max(10 * self.timeout_ms, 1000.0) / 1000.0
+        while not self._last_event.query() and time.monotonic() < deadline:
+            for peer, slot, epoch, value, _ in self._awaited:
+                if not self._satisfied(peer, slot, epoch, value):
+                    self._words[peer][_word(slot, epoch)] = value
+            time.sleep(5e-4)
+        self._awaited.clear()
+
     def _satisfied(self, peer: int, slot: str, epoch: int, value: int) -> bool:
         seen = self._read(peer, _word(slot, epoch))
         return ((seen - value) & MASK32) < 2 ** 31 if slot == "done" else seen == value
 
-    def _report_missing(self, waited_ms: float) -> None:
+    def _diagnose(self, waited_ms: float) -> Exception:
+        """The error a call that did not finish within the bound raises: who is missing
+        (a peer that gave up, one in another call, or one that never posted)."""
         stuck = [a for a in self._awaited if not self._satisfied(*a[:4])]
         if not stuck:
-            raise PeerTimeoutError(
+            return PeerTimeoutError(
                 f"rank {self.rank}: the stream did not finish within {waited_ms:.0f} ms although "
                 "every awaited peer flag is up: the GPU is busy or hung, not waiting on a peer")
         peer, slot, epoch, value, what = stuck[0]
@@ -124,16 +144,12 @@ class GpuSignals(Signals):
                     "(so the GPU is not left hung); results of that call are garbage."
                     if self._host_visible else "")
         if self._host_visible and self._read(peer, _HEADER["abort"]):
-            error: Exception = PeerAbortedError(self._aborted_message(peer, what) + released)
-        elif slot != "done" and self._host_visible and self._read(peer, _HEADER["epoch"]) >= epoch:
-            error = CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what)
-                                            + released)
-        else:
-            seen = self._read(peer, _word(slot, epoch))
-            also = (f" Also missing: {[(p, s, e) for p, s, e, _, _ in stuck[1:]]}."
-                    if len(stuck) > 1 else "")
-            error = PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what,
-                                                           waited_ms) + also + released)
-        self._awaited = collections.deque(stuck, maxlen=self._awaited.maxlen)
-        self.release()
-        raise error
+            return PeerAbortedError(self._aborted_message(peer, what) + released)
+        if slot != "done" and self._host_visible and self._read(peer, _HEADER["epoch"]) >= epoch:
+            return CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what)
+                                           + released)
+        seen = self._read(peer, _word(slot, epoch))
+        also = (f" Also missing: {[(p, s, e) for p, s, e, _, _ in stuck[1:]]}."
+                if len(stuck) > 1 else "")
+        return PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what, waited_ms)
+                                + also + released)

@@ -31,16 +31,18 @@ Two implementations:
   :class:`PeerTimeoutError` naming the missing peer, the slot, the epoch and the call.
   x86-64 keeps stores and loads in order (TSO), so data written before a flag is
   visible to a reader that saw the flag.
-- :class:`backends.gpu_signals.GpuSignals` (GPU worlds): stream write-value / wait-value operations
-  (:mod:`backends.copy_engine`), executed by the GPU's front end: no kernel spins.
-  Tags are 32-bit hashes of (epoch, signature) waited on with EQ.
+- :class:`backends.gpu_signals.GpuSignals` (GPU worlds): stream write-value /
+  wait-value operations (:mod:`backends.copy_engine`), executed by the GPU's front
+  end: no kernel spins. Tags are 32-bit hashes of (epoch, signature) waited on with EQ.
   A stream wait-value has NO timeout of its own. The bound is host-side and honest:
-  :meth:`~backends.gpu_signals.GpuSignals.check` waits (polling an event) at most the timeout from the moment
-  it is called, then reads the peers' flags and raises naming the peer that never
-  posted. Where the flags are host memory (the emulated world) it first releases the
-  blocked stream by writing the awaited value, so the GPU is not left hung; with
-  flags in device memory (symmetric memory) the stream stays blocked until the
-  process exits. A caller that synchronizes the stream itself (``torch.cuda.synchronize``)
+  :meth:`~backends.gpu_signals.GpuSignals.check` waits (polling an event) at most the
+  timeout from the moment it is called, then reads the peers' flags and raises naming
+  the peer that never posted or is in another call. Where the flags are host memory
+  (the emulated world) it first releases the blocked stream by writing the awaited
+  values, again and again until that stream finished (at most 10 more bounds), so the
+  GPU is not left hung; with flags in device memory (symmetric memory) the stream stays
+  blocked until the process exits. A caller that synchronizes the stream itself
+  (``torch.cuda.synchronize``)
   before calling ``check`` gets no bound at all.
 """
 
