@@ -167,6 +167,16 @@ def torchrun_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
         raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer (set by torchrun)") from None
 
 
+def torchrun_rank(environ: Mapping[str, str] | None = None) -> int:
+    """``RANK`` (the global rank) as torchrun sets it; 0 when not launched by torchrun."""
+    env = os.environ if environ is None else environ
+    raw = env.get("RANK", "0")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"RANK={raw!r}: expected an integer (set by torchrun)") from None
+
+
 #: CUDA driver settings for W emulated ranks on one GPU, each owning a stream that may park
 #: on a stream wait-value: with the default 8 hardware connections, streams sharing a queue
 #: block each other (seen on the H200 while building sdma; ROCm's equivalent is

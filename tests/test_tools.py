@@ -272,7 +272,7 @@ def test_timeline_record_refuses_cpu_tensors():
 
 # ----------------------------------------------------------- the CPU world end to end
 
-def test_cpu_world_run_fills_the_new_keys(tmp_path, capsys):
+def test_cpu_world_run_checks_results_and_reports_no_timings(tmp_path, capsys):
     out = tmp_path / "res"
     rc = compare_backends.main(["--mode", "cpu", "--world", "2", "--quick", "--m", "64",
                                 "--backends", "stock,sdma", "--out-dir", str(out), "--no-png",
@@ -283,13 +283,11 @@ def test_cpu_world_run_fills_the_new_keys(tmp_path, capsys):
     assert f"wrote {out / 'compare.json'}, {out / 'compare.csv'}" in text
     records = {r["backend"]: r for r in json.loads((out / "compare.json").read_text())["records"]}
     stock, sdma = records["stock"], records["sdma"]
-    for r in (stock, sdma):
-        assert r["correct"] and r["bound_ms"] > 0 and r["efficiency"] > 0
-        assert r["contention"] is None and r["contention_spread"] is None
-        assert r["link_gbs"] is None and r["link_efficiency"] is None
+    for r in (stock, sdma):  # a CPU world: results checked, no timing reads as a result
+        assert r["correct"] and r["rel_rms_err"] <= 2 ** -6 and r["wire_bytes"] > 0
+        assert "not a performance measurement" in r["timings"]
+        assert not [k for k in r if k.startswith("t_") or k in report.TIMING_KEYS], r
         assert "timeline" not in r and "timeline_events" not in r
-    assert sdma["slices"] == 4 and sdma["t_ar_sliced_ms"] > 0
-    assert sdma["slice_overhead_us"] == pytest.approx(
-        (sdma["t_ar_sliced_ms"] - sdma["t_ar_ms"]) / 4 * 1e3)
-    assert stock["slices"] == 1 and stock["slice_overhead_us"] is None  # nothing sliced
+    table_head = next(line for line in text.splitlines() if line.strip().startswith("backend"))
+    assert "speedup" not in table_head and "rel rms" in table_head
     assert not (out / "timeline.json").exists()

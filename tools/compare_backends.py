@@ -24,6 +24,7 @@ import datetime
 import os
 import platform
 import sys
+import time
 
 import torch
 
@@ -31,11 +32,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import backends  # noqa: E402
 from backends import envs  # noqa: E402
+from backends.world import World  # noqa: E402
 import report  # noqa: E402
 import timeline  # noqa: E402
 from world_measure import Case, measure  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
+
+#: committed results live here; a run writes here only when --out-dir names it
+TRACKED_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 # CPU worlds run the same protocol at sizes two cores finish in minutes; GPU runs use the
 # prefill shapes of DESIGN 4 (N=5120, K=4352: the seed model's down_proj per rank).
@@ -65,7 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: torchrun if launched by it, else emulated ranks on a GPU if "
                         "one is visible, else a CPU world; cpu/emulated force that world")
     p.add_argument("--backends", default=None,
-                   help="comma-separated backend names; default every registered one")
+                   help="comma-separated backend names; default every registered one "
+                        "(RADIANCE_AR_BACKEND picks the op's backend inside vLLM: it is "
+                        "validated here like every RADIANCE_AR_* setting, but --backends "
+                        "alone chooses what is measured)")
     p.add_argument("--m", type=int_list, default=None,
                    help="rows (tokens) to measure, e.g. 2048,8192; default by device")
     p.add_argument("--n", type=int, default=None, help="output columns N of the linear")
@@ -76,8 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed repeats (median reported)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing")
     p.add_argument("--quick", action="store_true", help="a smoke run: one small M, few repeats")
-    p.add_argument("--out-dir", default="results",
-                   help="folder for compare.json/.csv/.png (default results/)")
+    p.add_argument("--out-dir", default=None,
+                   help="folder for compare.json/.csv/.png (default ./results; never the "
+                        "tracked tools/results/ unless named here)")
     p.add_argument("--json", default=None, help="JSON path (default OUT_DIR/compare.json)")
     p.add_argument("--no-png", action="store_true", help="skip the PNGs (no matplotlib needed)")
     p.add_argument("--timeline", action="store_true",
@@ -89,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.world < 1:
         p.error(f"--world {args.world}: expected >= 1")
+    if args.out_dir is None:
+        args.out_dir = "results"
+        if os.path.realpath(args.out_dir) == os.path.realpath(TRACKED_RESULTS):
+            p.error("the default ./results here is the tracked tools/results/ folder of "
+                    "committed runs: pass --out-dir (run from the repository root, or name "
+                    "a folder)")
     names = backends.names()
     args.backends = names if args.backends is None else [b for b in args.backends.split(",") if b]
     for b in args.backends:
@@ -137,13 +152,42 @@ def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     print_header(hdr)
     if args.timeline:
         print("note: --timeline records device events and needs a GPU world; ignored on the CPU")
-    records = []
+    probe = World(0, args.world, torch.device("cpu"), _KindOnly("cpu-shm"), group=_GROUP)
+    skipped = [{"backend": c.backend, "M": c.rows, "slices": c.slices, "correct": None,
+                "skipped": gate_reason(c.backend, probe)} for c in todo]
+    skipped = [r for r in skipped if r["skipped"] is not None]
+    for name in dict.fromkeys(r["backend"] for r in skipped):
+        print(f"skipping {name}: {next(r['skipped'] for r in skipped if r['backend'] == name)}",
+              file=sys.stderr)
+    todo = [c for c in todo if c.backend not in {r["backend"] for r in skipped}]
+    start = time.monotonic()
+    print(f"starting {args.world} CPU ranks (gloo + shared memory) ...", file=sys.stderr,
+          flush=True)
+    records = skipped
     with CpuWorldPool(args.world) as pool:
+        pool.run(_ready)
+        print(f"started in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
         for i, case in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {case.backend} M={case.rows} S={case.slices} ...",
                   file=sys.stderr, flush=True)
             records.append(pool.run(run_case, case)[0])
     return hdr, records
+
+
+class _KindOnly:
+    """The memory a gate reads of a world: its kind (gates are pure functions of it)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+
+#: stands for the CPU world's process group in the parent's gate check (gates only ask
+#: whether a world has one)
+_GROUP = object()
+
+
+def _ready(world) -> bool:
+    return True
 
 
 def run_case(world, case: Case) -> dict:
@@ -168,7 +212,11 @@ def baseline_of(hdr: dict) -> str:
 
 
 def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
-    print(report.table([r for r in records if "skipped" not in r]))
+    cpu = hdr["world"] == "cpu-shm"
+    if cpu:
+        records[:] = [report.without_timings(r) for r in records]
+    print(report.table([r for r in records if "skipped" not in r],
+                       report.ACCURACY_COLUMNS if cpu else report.COLUMNS))
     skipped = {r["backend"]: r["skipped"] for r in records if "skipped" in r}
     for name, reason in skipped.items():
         print(f"skipped {name}: {reason}")
@@ -178,9 +226,9 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
                   f"ranks: {r['identical_on_ranks']} -- not timed")
     if hdr.get("baseline"):
         print(f"note: {hdr['baseline']}; every figure is 1 GPU, {hdr['W']} emulated ranks.")
-    if hdr["world"] == "cpu-shm":
-        print("note: CPU timings are perf_counter medians; CPU ranks share two cores, so "
-              "overlap is not expected here. Contention needs GPU streams.")
+    if cpu:
+        print(f"note: a CPU world checks every backend's result on every rank; timings are "
+              f"{report.CPU_TIMING_NOTE}.")
     timelines = [{"backend": r["backend"], "M": r["M"], "S": r["slices"],
                   "path": r["timeline"]["path"], "events": r.pop("timeline_events")}
                  for r in records if "timeline_events" in r]
@@ -199,6 +247,17 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     if timelines:
         written += timeline.write_all(args.out_dir, hdr, timelines, png=not args.no_png)
     print("wrote " + ", ".join(os.path.abspath(p) for p in written))
+
+
+def settings_problem() -> str | None:
+    """Every RADIANCE_AR_* setting checked once, here, before any rank starts: the one-line
+    complaint about the first bad one, or None."""
+    try:
+        envs.snapshot()
+        backends.from_env()
+    except (ValueError, KeyError) as e:
+        return f"compare_backends: {e}"
+    return None
 
 
 def output_problem(args: argparse.Namespace) -> str | None:
@@ -278,9 +337,13 @@ def run_probe(args: argparse.Namespace, hdr: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem = settings_problem()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     # Only global rank 0 writes; a failure there ends the torchrun job (torchrun stops
     # the other ranks), so the others need not probe the file system themselves.
-    if os.environ.get("RANK", "0") == "0":
+    if envs.torchrun_rank() == 0:
         problem = output_problem(args)
         if problem is not None:
             print(problem, file=sys.stderr)

@@ -55,10 +55,33 @@ def unwritable_reason(path: str, is_dir: bool) -> str | None:
     return None
 
 
-def table(records: Iterable[dict]) -> str:
-    rows = [[title for title, _, _ in COLUMNS]]
-    rows += [[cell(r, key, fmt) for _, key, fmt in COLUMNS] for r in records]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+#: the columns of a CPU world: accuracy and bytes only (its timings are not a measurement)
+ACCURACY_COLUMNS = tuple(c for c in COLUMNS
+                         if c[1] in ("backend", "M", "slices", "wire_bytes", "rel_rms_err",
+                                     "correct"))
+#: record keys that are timings or derived from them
+TIMING_KEYS = ("bound_ms", "efficiency", "speedup", "hidden", "contention",
+               "contention_spread", "contention_reps", "slice_overhead_us", "bus_gbs",
+               "link_gbs", "link_efficiency")
+CPU_TIMING_NOTE = ("not a performance measurement: CPU ranks share the machine's cores and "
+                   "have no streams, so timings, speedup and contention are measured on GPU "
+                   "worlds only")
+
+
+def without_timings(record: dict) -> dict:
+    """``record`` minus every timing and figure derived from one, with a note saying why
+    (CPU worlds check correctness; their perf_counter times would read as results)."""
+    kept = {k: v for k, v in record.items()
+            if not k.startswith("t_") and k not in TIMING_KEYS}
+    if "skipped" not in record:
+        kept["timings"] = CPU_TIMING_NOTE
+    return kept
+
+
+def table(records: Iterable[dict], columns: Sequence[tuple[str, str, str]] = COLUMNS) -> str:
+    rows = [[title for title, _, _ in columns]]
+    rows += [[cell(r, key, fmt) for _, key, fmt in columns] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -96,18 +119,27 @@ def write_png(path: str, title: str, records: list[dict],
             pts = sorted((r["M"], r["speedup"]) for r in timed
                          if r["backend"] == name and r["slices"] == slices)
             ax_speed.plot(*zip(*pts), marker="o", label=f"{name} S={slices}")
-    ax_speed.axhline(1.0, color="grey", lw=0.8)
-    ax_speed.set(xscale="log", xlabel="M (rows)", ylabel="speedup (serial / overlapped)",
-                 title=f"speedup vs {baseline}")
-    ax_speed.legend(fontsize=7)
+    if timed:
+        sizes_m = sorted({r["M"] for r in timed})
+        ax_speed.axhline(1.0, color="grey", lw=0.8)
+        ax_speed.set(xscale="log", xlabel="M (rows)", ylabel="speedup (serial / overlapped)",
+                     title=f"speedup vs {baseline}")
+        ax_speed.set_xticks(sizes_m, [str(m) for m in sizes_m])  # no 3x10^2-style ticks
+        ax_speed.minorticks_off()
+        ax_speed.legend(fontsize=7)
+    else:
+        ax_speed.text(0.5, 0.5, "speedup is measured on GPU worlds only", ha="center",
+                      transform=ax_speed.transAxes)
+        ax_speed.set(title="speedup")
     cont = [r for r in records if r.get("contention") is not None]
     names = list(dict.fromkeys(r["backend"] for r in cont))
-    sizes = sorted({r["M"] for r in cont})
+    sizes = sorted({(r["M"], r["slices"]) for r in cont})
     width = 0.8 / max(1, len(sizes))
-    for j, rows in enumerate(sizes):
-        vals = {r["backend"]: r["contention"] for r in cont if r["M"] == rows}
+    for j, (rows, slices) in enumerate(sizes):
+        vals = {r["backend"]: r["contention"] for r in cont
+                if (r["M"], r["slices"]) == (rows, slices)}
         ax_cont.bar([i + j * width for i, n in enumerate(names) if n in vals],
-                    [vals[n] for n in names if n in vals], width, label=f"M={rows}")
+                    [vals[n] for n in names if n in vals], width, label=f"M={rows} S={slices}")
     if cont:
         ax_cont.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(names))], names)
         ax_cont.axhline(1.05, color="green", lw=0.8, ls="--", label="1.05x goal")
