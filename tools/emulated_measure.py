@@ -1,4 +1,4 @@
-"""One (backend, M, slices) measurement with W emulated ranks on one GPU (DESIGN 3.4).
+"""One (backend, M, slices) measurement with W emulated ranks on one GPU (docs/design.md, 'Worlds').
 
 Every rank's peer-visible buffers sit in pinned host memory, so every cross-rank byte
 crosses PCIe, as on a PCIe multi-GPU box. Two phases:
@@ -28,7 +28,7 @@ from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
 from overlap.op import forward
 from overlap.slicing import slice_bounds
-from world_measure import Case, shard
+from world_measure import Case, shard, time_calls
 
 
 def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
@@ -112,22 +112,10 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     def serial(i):
         forward(serial_rt, xs[i % len(xs)], w, None, case.producer)
 
-    bounds = slice_bounds(case.rows, case.slices)
-    slices = len(bounds) - 1  # the slices the op runs (S is clamped to M rows)
-
-    def ar_sliced(i):
-        # The AR of the whole tensor as the op calls it: one call per row slice.
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            backend.all_reduce(ar_in[a:b], ar_out[a:b])
-
-    times = {"ar_sliced": None}
-    timed = [("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)]
-    if slices > 1:  # one slice is the unsliced AR: no overhead to measure
-        timed.insert(2, ("ar_sliced", ar_sliced))
-    for key, fn in timed:
-        med, spread = gpu_timing.median_ms(gpu_timing.event_times(fn, case.reps, case.warmup))
-        times[key] = med
-        record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
+    slices, times = time_calls(
+        record, backend, ar_in, ar_out, case, {"gemm": gemm, "ar": ar, "serial": serial,
+                                               "ovl": ovl},
+        lambda fn: gpu_timing.median_ms(gpu_timing.event_times(fn, case.reps, case.warmup)))
     record.update(gpu_timing.contention_record(gpu_timing.contention_times(
         gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup), times["gemm"]))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())

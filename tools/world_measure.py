@@ -71,6 +71,29 @@ def timed_ms(world: World, fn, reps: int, warmup: int) -> list[float]:
     return samples
 
 
+def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor, case: Case,
+               fns: dict, timer) -> tuple[int, dict]:
+    """Time each of ``fns`` (gemm, ar, serial, ovl) with ``timer`` (fn -> median, spread)
+    into ``record`` as ``t_<key>_ms`` / ``t_<key>_spread_ms``; where the op slices, also
+    ``ar_sliced``: the AR of the whole tensor called once per row slice, as the op calls
+    it. Returns (the slices the op runs: S clamped to M rows, the medians by key)."""
+    bounds = slice_bounds(case.rows, case.slices)
+
+    def ar_sliced(i):
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            backend.all_reduce(ar_in[a:b], ar_out[a:b])
+
+    timed = list(fns.items())
+    if len(bounds) > 2:  # one slice is the unsliced AR: no overhead to measure
+        timed.insert(2, ("ar_sliced", ar_sliced))
+    times = {"ar_sliced": None}
+    for key, fn in timed:
+        med, spread = timer(fn)
+        times[key] = med
+        record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
+    return len(bounds) - 1, times
+
+
 def digest(t: torch.Tensor) -> int:
     return zlib.crc32(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
 
@@ -128,22 +151,10 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     def ar(i):
         backend.all_reduce(ar_in, ar_out)
 
-    bounds = slice_bounds(case.rows, record["slices"])
-    slices = len(bounds) - 1  # the slices the op runs (S is clamped to M rows)
-
-    def ar_sliced(i):
-        # The AR of the whole tensor as the op calls it: one call per row slice.
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            backend.all_reduce(ar_in[a:b], ar_out[a:b])
-
-    times = {"ar_sliced": None}
-    timed = [("gemm", gemm), ("ar", ar), ("serial", serial), ("ovl", ovl)]
-    if slices > 1:  # one slice is the unsliced AR: no overhead to measure
-        timed.insert(2, ("ar_sliced", ar_sliced))
-    for key, fn in timed:
-        med, spread = metrics.median_and_spread(timed_ms(world, fn, case.reps, case.warmup))
-        times[key] = med
-        record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
+    slices, times = time_calls(
+        record, backend, ar_in, ar_out, case, {"gemm": gemm, "ar": ar, "serial": serial,
+                                               "ovl": ovl},
+        lambda fn: metrics.median_and_spread(timed_ms(world, fn, case.reps, case.warmup)))
     # Contention needs concurrent streams: measured on GPUs only.
     record.update({"contention": None, "contention_spread": None})
     if world.device.type == "cuda":
