@@ -17,9 +17,10 @@ ROCm (hip)        ``hipMemcpyAsync`` kind                 ``hipStreamWriteValue6
 CPU               ``Tensor.copy_``                        (host spin: see backends.signals)
 ================  =====================================  ===================================
 
-Why these calls (prior-art notes): a same-device D2D ``hipMemcpy`` is a blit kernel on
-CUs unless its kind is NoCU; H2D/D2H copies from pinned memory ran on the H200's copy
-engines at 55 GB/s while every SM was held; a stream wait-value is executed by the
+Why these calls: a same-device D2D ``hipMemcpy`` is a blit kernel on CUs unless its kind
+is NoCU (as reported by earlier work on ROCm); H2D/D2H copies from pinned memory run on
+the copy engines and complete while every SM is held (:mod:`backends.cu_free_check`;
+what was seen on an H200 is in docs/history.md); a stream wait-value is executed by the
 GPU's front end, so a stream waits for a peer's flag without any spinning kernel.
 
 The bindings are imported at the first call, so this module imports everywhere; a

@@ -8,13 +8,10 @@ the host, for the transfer's event while the spinners still hold the SMs; only t
 release them. A transfer that completes needed no SM; one that does not complete
 either needs an SM or queues behind one (both mean: not free of compute units).
 
-Seen on one H200 (torch 2.11, Triton 3.6, cuda-bindings 13.3, 2026-12; 132/132 SMs held
-by 2112 spinners, bound 2 s): H2D and D2H copies of 64 MiB with pinned memory COMPLETED
-(150-230 ms); a same-device D2D ``cudaMemcpyAsync`` of 64 MiB did NOT (as in the
-prior-art notes); the sdma emulated transport (D2H publish, flag write, waits on 3
-peers' flags, 3 H2D pulls: 160 MiB) COMPLETED (420 ms). The rates under the check are
-not the copies' rates (55 GB/s alone): 2112 spinners re-reading a flag in host memory
-load the same host link. Only completion is the verdict.
+What these checks gave on an H200 (which transfers completed with every SM held, and
+which did not) is in docs/history.md. The rates under the check are not the copies'
+rates: the spinners re-reading a flag in host memory load the same host link. Only
+completion is the verdict.
 
     >>> from backends import cu_free_check
     >>> for r in cu_free_check.standard_checks(torch.device("cuda", 0)): print(r)

@@ -131,7 +131,7 @@ KNOBS: dict[str, Knob] = {
              "uses 36"),
         Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", "1000", _float_in(*SPIN_TIMEOUT_MS_RANGE),
              "longest wait, in ms (1 to 600000), for a peer's flag before a backend reports "
-             "the peer missing; an unbounded spin can wedge an RDNA compute queue (prior-art notes)"),
+             "the peer missing; an unbounded spin can wedge an RDNA compute queue"),
         Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice("auto", "oneshot", "twoshot"),
              "sdma transfer schedule; auto picks by message size and world size"),
     )
@@ -179,10 +179,10 @@ def torchrun_rank(environ: Mapping[str, str] | None = None) -> int:
 
 #: CUDA driver settings for W emulated ranks on one GPU, each owning a stream that may park
 #: on a stream wait-value: with the default 8 hardware connections, streams sharing a queue
-#: block each other (seen on the H200 while building sdma; ROCm's equivalent is
-#: GPU_MAX_HW_QUEUES); lazy module loading loads a kernel at its first launch, which can
-#: synchronize the device while a rank's stream is parked on a peer's flag (a hang seen on
-#: the H200, 2026-12-02).
+#: block each other (ROCm's equivalent is GPU_MAX_HW_QUEUES); lazy module loading loads a
+#: kernel at its first launch, which can synchronize the device while a rank's stream is
+#: parked on a peer's flag, and then never returns. Both were hit on hardware:
+#: docs/history.md.
 EMULATED_RANKS_CUDA_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "CUDA_MODULE_LOADING": "EAGER"}
 
 

@@ -1,4 +1,4 @@
-"""The contract every all-reduce backend fulfils (DESIGN 3.2).
+"""The contract every all-reduce backend fulfils (docs/design.md, 'The Backend interface').
 
 A backend is built for one rank of a :class:`~backends.world.World` and sums a
 contiguous 2-D slice over all ranks::
@@ -133,7 +133,7 @@ class Backend(abc.ABC):
     def fill_passive_peers(self) -> None:
         """Timing mode of an emulated world: make every other rank a passive peer whose
         payloads and flags for all future calls are already in host memory, so one active
-        rank can be timed alone (DESIGN 3.4). Results are then not sums over ranks."""
+        rank can be timed alone (docs/design.md, 'Worlds'). Results are then not sums over ranks."""
         raise TypeError(f"backend {self.name!r} has no passive-peer timing mode")
 
     def check(self, timeout_ms: float | None = None) -> None:

@@ -1,6 +1,6 @@
 """``oneshot_wht6`` (alias ``r4d``): the spin-wait one-shot all-reduce with the wht6 codec.
 
-DESIGN 3.2. One call of rank r on a slice x [rows, cols], every rank alike::
+docs/design.md, 'oneshot_wht6'. One call of rank r on a slice x [rows, cols], every rank alike::
 
     P_r = wht6.encode(x)  -> r's peer-visible payload buffer, region (t mod 2)
     flag_r = t                                   # t: this call's epoch

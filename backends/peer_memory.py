@@ -1,6 +1,6 @@
 """Peer-visible buffers: memory each rank writes and every other rank can read.
 
-One implementation per kind of world (DESIGN 3.4), plus :class:`LocalMemory` for a
+One implementation per kind of world (docs/design.md, 'Worlds'), plus :class:`LocalMemory` for a
 world of one rank:
 
 - :class:`SharedFileMemory`: CPU ranks in separate processes; one file per rank and

@@ -14,8 +14,9 @@ Schedules (``RADIANCE_AR_SDMA_SCHEDULE`` or the ``schedule`` argument):
   reduces it into ``out`` and publishes it in ``red``; then pulls every peer's reduced
   shard into ``out``. Sends 2(W-1)/W x slice bytes per rank, two flag round trips.
 - auto: one-shot when W <= 2 (both move the same bytes; one-shot has half the steps)
-  or the slice is under 1 MiB (a DMA op costs ~6 us to dispatch and reaches 52 GB/s
-  only from ~1 MiB per op, mori on MI355X), else two-shot (half the bytes at W = 4).
+  or the slice is under 1 MiB (a DMA op has a fixed dispatch cost and reaches its full
+  rate only from about 1 MiB per op: docs/history.md), else two-shot (half the bytes at
+  W = 4).
 
 One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream
 (in the emulated world the publishes run beside it: :mod:`backends.publish_lane`)::

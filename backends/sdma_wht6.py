@@ -61,8 +61,8 @@ class SdmaWht6Backend(SdmaBackend):
         :func:`backends.kernels.reduce_sum.warm_up` (a first module load can synchronize
         the device while an emulated rank's stream waits on a flag). Triton compiles one
         variant per divisibility of ``n_sub = rows * cols / 32`` by 16: 1 and 2 rows give
-        both where both exist (the H200 hung in a test at 8 x 256 when only 1 row was
-        warmed: decode_accumulate compiled while rank 0's stream waited on rank 1)."""
+        both where both exist. Warming 1 row only leaves a variant to compile at a first
+        call, while a rank's stream may wait on a peer (docs/history.md)."""
         refuse_growth_in_capture("sdma_wht6 codec warm-up", self.world.device)
         for rows in (1, 2):
             x = torch.zeros(rows, cols, dtype=dtype, device=self.world.device)

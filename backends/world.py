@@ -1,4 +1,4 @@
-"""Where ranks live: one rank's view of its world (DESIGN 3.4).
+"""Where ranks live: one rank's view of its world (docs/design.md, 'Worlds').
 
 A :class:`World` carries the rank, the world size, the device, the process group (if
 the ranks are processes) and the rank's :class:`~backends.peer_memory.PeerMemory`.

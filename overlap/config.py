@@ -1,4 +1,4 @@
-"""The op's validated settings, read once from the environment (DESIGN 3.1).
+"""The op's validated settings, read once from the environment (docs/design.md, 'Settings').
 
 The knobs themselves are declared in :mod:`backends.envs` (one parser for both
 packages); this module turns them into :class:`OverlapSettings` and checks the backend

@@ -1,6 +1,6 @@
 """The sliced pipeline: slice s's all-reduce runs while slice s+1's GEMM computes.
 
-Streams (the caller's stream is "main"; roles as in the seed, so that every per-call
+Streams (the caller's stream is "main"; roles chosen so that every per-call
 tensor -- ``out``, activation scales -- lives on main with a normal lifetime, and only
 persistent buffers cross streams)::
 

@@ -8,7 +8,8 @@ row slice into a given output view, possibly on another stream. Three kinds:
 - ``fp8_rowwise``: per-token fp8 e4m3 activation scales, per-channel fp8 weight scales,
   ``torch._scaled_mm`` with rowwise scaling.
 - external kernels registered with :func:`register_external`, which take an explicit
-  stream handle (the seed's MXFP4 W4A8 kernel is of that kind).
+  stream handle (the MXFP4 W4A8 kernel of the deployment this project comes from is of
+  that kind).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Persistent, grow-only scratch buffers, one per (device, name).
 
-Why: the seed's first pipeline allocated GEMM outputs and AR results on a side stream;
-the deferred frees of torch's record-stream mechanism piled up across 64 layers into more than
-1 GiB of dead reserved memory and warm-up ran out of memory. Here every cross-stream
-tensor is a view of one of these buffers, allocated on the caller's stream and never
-freed, so after warm-up the allocator sees nothing at all.
+Why: in the deployment this project comes from, a first pipeline allocated GEMM outputs
+and AR results on a side stream; the deferred frees of torch's record-stream mechanism
+piled up across 64 layers into more than 1 GiB of dead reserved memory and warm-up ran
+out of memory. Here every cross-stream tensor is a view of one of these buffers,
+allocated on the caller's stream and never freed, so after warm-up the allocator sees
+nothing at all.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class ScratchPool:
         if buf is None or buf.numel() < nbytes:
             refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0])
             # Grow by at least 1.5x so warm-up over rising M re-allocates O(log M) times,
-            # not once per new high-water mark (seen: a soak's M=96 first drawn at call 290).
+            # not once per new high-water mark: a new high M can first come late in a run
+            # (docs/history.md).
             grown = max(nbytes, (buf.numel() * 3) // 2 if buf is not None else 0)
             # Drop the old buffer first so the allocator can reuse its block.
             self._buffers.pop(key, None)

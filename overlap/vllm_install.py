@@ -1,4 +1,4 @@
-"""Route vLLM's RowParallel linears through ``radiance::linear_ar`` (DESIGN 3.3, "vLLM installer").
+"""Route vLLM's RowParallel linears through ``radiance::linear_ar`` (docs/design.md, 'Layout').
 
 :func:`install` walks a loaded vLLM model and, for every eligible ``RowParallelLinear``,
 replaces the layer's forward with one call of the op and sets ``reduce_results`` False:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compare every all-reduce backend side by side on the same shapes, slicing and buffers.
 
-The project's main job (DESIGN 4). Where it runs decides the world:
+The project's main job (docs/design.md, 'Measurement'). Where it runs decides the world:
 
   torchrun --nproc-per-node W tools/compare_backends.py   one GPU per rank (the real thing)
   python tools/compare_backends.py                         one GPU: W emulated ranks over PCIe
@@ -43,7 +43,8 @@ envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; m
 TRACKED_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 # CPU worlds run the same protocol at sizes two cores finish in minutes; GPU runs use the
-# prefill shapes of DESIGN 4 (N=5120, K=4352: the seed model's down_proj per rank).
+# prefill shapes of docs/design.md, 'Measurement' (N=5120, K=4352: one rank's down_proj in the
+# model of the deployment this project comes from).
 DEFAULTS = {
     "cpu": {"m": [256, 1024], "n": 1024, "k": 1024, "reps": 5, "warmup": 1},
     "gpu": {"m": [2048, 8192, 16384], "n": 5120, "k": 4352, "reps": 30, "warmup": 5},

@@ -1,4 +1,4 @@
-"""The measurement definitions of DESIGN 4, as pure functions (tested on CPU).
+"""The measurement definitions of docs/design.md ('Measurement'), as pure functions (tested on CPU).
 
     speedup    = T_serial(stock) / T_ovl(b, S)
     hidden     = (T_gemm + T_ar - T_ovl) / min(T_gemm, T_ar)   1 perfect, 0 none, < 0 worse

@@ -16,8 +16,8 @@ exit status 1 on any mismatch or growth.
 
 Worlds: ``--device cpu`` (default) starts W gloo processes, M below --min-m takes the
 decode path; ``--device cuda`` drives W emulated ranks on one GPU, each on its own stream
-(DESIGN 3.4: peer buffers in pinned host memory), and every call is sliced: there is no
-vendor collective between emulated ranks for the decode path.
+(peer buffers in pinned host memory: docs/design.md, 'Worlds'), and every call is
+sliced: there is no vendor collective between emulated ranks for the decode path.
 """
 
 from __future__ import annotations
@@ -163,13 +163,13 @@ def emulated_soak(backend: str, size: int, device: torch.device, calls: int, sec
         torch.mm(data64[0][0][:rows], data64[0][1], out=ref)
         for x64, wt64 in data64[1:]:
             # mm then add, not addmm_: addmm_ takes the cuBLASLt path for some shapes, whose
-            # first use allocates a 1 MiB workspace for good (seen in a memory snapshot on
-            # the H200 at a random late call, 2026-12-02).
+            # first use allocates a workspace for good, at whatever late call first draws
+            # such a shape (docs/history.md).
             ref.add_(torch.mm(x64[:rows], wt64, out=part))
         rels = [metrics.errors(o, ref, part)[0] for o in outs]
         rel = max(rels) if all(r == r for r in rels) else math.nan  # max() can drop a NaN
-        # torch.eq into a buffer, not torch.equal: its M x N temporary took a new 2 MiB
-        # segment of the small pool at a late call (memory snapshot, H200, 2026-12-02).
+        # torch.eq into a buffer, not torch.equal: its M x N temporary can take a new segment
+        # of the allocator's pool at a late call (docs/history.md).
         same = all(bool(torch.eq(o, outs[0], out=equal_all[:rows]).all()) for o in outs[1:])
         return rel, same
 

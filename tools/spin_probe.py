@@ -1,13 +1,14 @@
 """The spin-footprint probe: GEMM slowdown while K CTAs spin (K = 0, 8, 16, ...).
 
-This is the curve that explains the seed's negative result: a spin-wait all-reduce
+This is the curve that explains the negative result of the deployment this project
+comes from (docs/design.md, 'The problem and the idea'): a spin-wait all-reduce
 holds its CTAs while it waits for a peer, and every held CTA is one the GEMM it was
 meant to hide under cannot use. The spinners (:mod:`backends.kernels.spin_hold`) read a
 pinned host flag that is never raised, and leave after a calibrated number of reads
 that lasts as long as the GEMM alone: the model is an all-reduce that waits for its
 peer throughout one GEMM. (Releasing them from the host only after the GEMM ends
 measures something else: cuBLAS's persistent Hopper kernels then wait for the held SMs
-until the spin bound expires -- seen on the H200 as 7.6x at K=16 and 30x at K=32.)
+until the spin bound expires; figures in docs/history.md.)
 """
 
 from __future__ import annotations

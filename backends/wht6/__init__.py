@@ -1,4 +1,4 @@
-"""wht6: a 6.25-bit Walsh-Hadamard codec for compressed all-reduce (issue 3).
+"""wht6: a 6.25-bit Walsh-Hadamard codec for compressed all-reduce.
 
 Public API: ``encode``, ``decode``, ``decode_accumulate``, ``bits_per_value``,
 ``payload_shape``, ``cols_reason``, and the format constants (defined once, in
@@ -67,29 +67,12 @@ block of the result holding a value beyond the output dtype's range (3.4e38 for
 fp32/bf16, 65504 for fp16) decodes to NaN entirely, never +-Inf; a NaN block of any
 payload makes that block of the sum NaN.
 
-What was tried (relative RMS error as a ratio to the QuickReduce INT6 baseline of
-``baseline_int6.py``, one 1024x5120 tensor; Gaussian / Student-t(3) / 0.5% outlier
-channels x30):
-  WHT64, one bf16 scale per 64, uniform 64 levels               1.11 / 0.65 / 0.34
-  same, Lloyd codebook trained on max-normalized blocks         1.07 /  -   /  -
-  same, compander codebooks (mu-law mu=2, quadratic)            1.02 / 0.62 / 0.39
-  same, per-block choice rotated-uniform / unrotated mu-law     1.01 / 0.64 / 0.33
-  WHT64 with exact per-32 scales (6.5 bits, for reference)      1.01 / 0.60 / 0.32
-  WHT32, block-of-256 bf16 scale, 6-bit sub-scales (6.25 bits):
-    linear sub-scales c/63, uniform levels                      1.04 / 0.60 / 0.31
-    linear sub-scales, compander t(3+t)/4                       0.98 / 0.58 / 0.33
-    quadratic sub-scales (c/63)^2, compander (this format)      0.98 / 0.58 / 0.33
-  Linear sub-scales cost 30% on the ordinary channels of rows that also hold 3000x
-  "massive activation" channels (0.027 vs INT6 0.021): S/63 is too coarse a floor for
-  their sub-blocks; quadratic ones match INT6 there (0.021) for +0.7% on Gaussian.
-  An 8-class codebook switch per block gained < 1%; log-spaced sub-scales lost 10%.
-Measured with this format (``python tools/bench_codec.py``: 1024x5120 bf16 per rank,
-W = 2, 4, 8 summed by decode_accumulate vs a float64 sum): error ratio to INT6 0.98
-Gaussian, 0.58 Student-t(3), 0.33 outlier channels, 0.98-0.99 outlier tokens.
-The Student-t target of issue 3 (<= 0.5x) is NOT met: after the rotation a block is
-close to Gaussian, so t(3) data costs about what Gaussian data costs, and no fixed-rate
-6-bit scalar variant tried got below ~0.97x INT6 on Gaussian data, i.e. ~0.58x of INT6
-on t(3). Reaching 0.5x would need vector quantization or entropy coding (not tried).
+Error (``python tools/bench_codec.py``: 1024x5120 bf16 per rank, W = 2, 4, 8 summed by
+decode_accumulate vs a float64 sum), as a ratio to the relative RMS error of the
+QuickReduce INT6 baseline (``baseline_int6.py``): 0.98 Gaussian, 0.58 Student-t(3), 0.33
+outlier channels, 0.98-0.99 outlier tokens. The variants tried before this format, with
+their measured errors, and the Student-t target it does not meet are in docs/history.md
+('The wht6 codec: what was tried').
 """
 import torch
 

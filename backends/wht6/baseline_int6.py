@@ -1,7 +1,7 @@
 """QuickReduce-style INT6 codec, for comparison with wht6 only (never on the wire here).
 
-Implemented from the published format (vllm csrc/quickreduce/quick_reduce_impl.cuh,
-summarized in notes/prior-art.md), not from its code:
+Implemented from the published format (vllm csrc/quickreduce/quick_reduce_impl.cuh),
+not from its code:
 - blocks of 32 consecutive values of a row, no rotation;
 - scale = (signed value of largest magnitude in the block) * (-1/32), stored as fp16,
   so the extreme maps to code -32;
