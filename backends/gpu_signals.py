@@ -114,9 +114,9 @@ class GpuSignals(Signals):
 
         One write of the awaited values is not enough: a peer's own delayed posts land in
         the same words later (a tag of ITS call, a lower ``done``) and can undo a release
-        the stream had not yet seen, leaving it blocked for good (seen on an H200 with
-        two mismatched emulated ranks). So the awaited values are written again, every
-        0.5 ms, while this rank's last call is unfinished, bounded by 10 spin bounds."""
+        the stream had not yet seen, leaving it blocked for good (docs/history.md). So the
+        awaited values are written again, every 0.5 ms, while this rank's last call is
+        unfinished, bounded by 10 spin bounds."""
         if not self._host_visible:
             return
         deadline = time.monotonic() + max(10 * self.timeout_ms, 1000.0) / 1000.0

@@ -106,6 +106,7 @@ def refused_job(world):
             pm._create_exclusive = create
         mem.barrier()
         results["left_foreign"] = sorted(os.listdir(mem._dir))
+        mem.barrier()  # every rank has listed before the next allocation creates files
         results["after"] = mem.allocate("fine", 64).nbytes
     finally:
         mem.barrier()
