@@ -123,7 +123,7 @@ def sdma_transport(device: torch.device, world_size: int = 4, rows: int = 4096,
     be = SdmaBackend(world, schedule="oneshot")
     be.ensure_capacity(rows, cols, torch.bfloat16)
     be.fill_passive_peers()
-    x = be.input_view(rows, cols, torch.bfloat16)
+    x = be.acquire_input_view(rows, cols, torch.bfloat16)
     x.normal_()
     torch.cuda.synchronize(device)
 

@@ -70,7 +70,7 @@ class Backend(abc.ABC):
     rel_rms_bound: ClassVar[float] = 2.0 ** -7
     #: False: the op runs GEMM then one unsliced AR with this backend (the baseline)
     pipelined: ClassVar[bool] = True
-    #: the producer GEMM writes straight into ``input_view`` (peer-visible memory)
+    #: the producer GEMM writes straight into ``acquire_input_view`` (peer-visible memory)
     peer_visible_input: ClassVar[bool] = False
 
     #: the cross-rank flags of a backend with a protocol of its own (None: the vendor's)
@@ -126,8 +126,11 @@ class Backend(abc.ABC):
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         """Collective. Grow peer-visible buffers to hold ``max_rows x cols``; refuses in capture."""
 
-    def input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-        """The ``rows x cols`` tensor the producer writes into (``peer_visible_input`` only)."""
+    def acquire_input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """Acquire the peer-visible input buffer for the next op call and return its
+        ``rows x cols`` view, which the producer writes into (``peer_visible_input`` only).
+        Enqueues, on the current stream, the wait until every peer finished reading what
+        the previous call left there (a cross-rank fence, no host sync)."""
         raise TypeError(f"backend {self.name!r} has no peer-visible input buffer")
 
     def fill_passive_peers(self) -> None:

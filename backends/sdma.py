@@ -1,7 +1,7 @@
 """``sdma``: all-reduce by DMA copies (no compute units while waiting) + one local reduce.
 
 Each rank's slice sits in its peer-visible buffer ``pub`` (the GEMM writes there through
-``input_view``); peers PULL it with copy-engine copies (:mod:`backends.copy_engine`)
+``acquire_input_view``); peers PULL it with copy-engine copies (:mod:`backends.copy_engine`)
 after a stream wait-value on its ``ready`` flag (:mod:`backends.signals`), then one
 short reduce kernel sums in rank order 0..W-1 with fp32 accumulation, rounded once
 (:mod:`backends.kernels.reduce_sum`): bit-exact and identical on every rank.
@@ -25,15 +25,15 @@ One call of rank r (epoch t; every rank numbers calls alike), on the caller's st
   rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  reduce
                                     |________________________^
 Buffer reuse (why ``done`` exists). Rank r's NEXT write into the rows of ``pub`` that a
-peer may still be pulling (its next GEMM into ``input_view``, or the next publish /
+peer may still be pulling (its next GEMM into ``acquire_input_view``, or the next publish /
 staging copy of an overlapping row range) must wait until that peer finished::
 
-  rank r : AR(t) ready_r=t ... done_r=t | input_view: wait done_p>=t | GEMM(t+1) writes pub
+  rank r : AR(t) ready_r=t ... done_r=t | acquire_input_view: wait done_p>=t | GEMM(t+1) writes pub
   rank p :    wait ready_r>=t  pull r(t) ---------------> done_p=t  |
                                  ^ a GEMM(t+1) here without the wait would corrupt p's pull
 
 The fence is a stream wait-value (no host sync); rows of one op call's slices are
-disjoint, so the fence runs once per op call (in ``input_view``) or where a direct
+disjoint, so the fence runs once per op call (in ``acquire_input_view``) or where a direct
 ``all_reduce`` reuses rows (byte ranges are tracked per epoch). Two-shot's ``red`` buffer
 mirrors ``pub``'s layout, and ``done`` is posted after the last pull of either, so the
 same fence covers it. The receive buffers are private and stream-ordered.
@@ -227,10 +227,10 @@ class SdmaBackend(Backend):
             self._recv = torch.empty((size - 1) * nbytes, dtype=torch.uint8, device=dev)
         self.capacity = nbytes
 
-    def input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    def acquire_input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         need = rows * cols * dtype.itemsize
         if need > self.capacity:
-            raise ValueError(f"sdma.input_view: {rows}x{cols} {dtype} needs {need} B, capacity "
+            raise ValueError(f"sdma.acquire_input_view: {rows}x{cols} {dtype} needs {need} B, capacity "
                              f"is {self.capacity} B: call ensure_capacity first")
         if self.signals is not None:
             self.signals.faults.refuse_if_faulted()

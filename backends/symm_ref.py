@@ -50,7 +50,7 @@ class _SymmMemAllReduce(Backend):
             self.buffer = None
             self.buffer = self.world.memory.allocate(self.name, nbytes)
 
-    def input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    def acquire_input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         self.ensure_capacity(rows, cols, dtype)
         return typed_view(self.buffer.local, rows, cols, dtype)
 
@@ -61,7 +61,7 @@ class _SymmMemAllReduce(Backend):
                   and slice_in.data_ptr() + slice_in.nbytes <= base + self.buffer.nbytes)
         if not inside:
             # A caller's tensor: stage it at the start of the symmetric buffer.
-            staged = self.input_view(slice_in.shape[0], slice_in.shape[1], slice_in.dtype)
+            staged = self.acquire_input_view(slice_in.shape[0], slice_in.shape[1], slice_in.dtype)
             staged.copy_(slice_in)
             slice_in = staged
         getattr(torch.ops.symm_mem, self.op_name)(slice_in, "sum", self.group_name, out)

@@ -95,7 +95,7 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
     backend.call_key = (rows, x.shape[1])
     try:
         backend.ensure_capacity(rows, cols, out.dtype)
-        y = (backend.input_view(rows, cols, out.dtype) if backend.peer_visible_input
+        y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
              else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
         run_sliced(prepared, prod, backend, y, out, slice_bounds(rows, rt.settings.slices),
                    rt.lanes())

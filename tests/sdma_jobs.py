@@ -59,7 +59,7 @@ def exact_job(world: World, schedule: str, shapes: list, slices: int, seed: int,
         if staged:
             src = x
         else:
-            src = be.input_view(rows, cols, DT)
+            src = be.acquire_input_view(rows, cols, DT)
             src.copy_(x)
         before = be.pulled_bytes
         bounds = slice_bounds(rows, slices)
@@ -83,7 +83,7 @@ def long_job(world: World, schedule: str, calls: int, seed: int) -> dict:
         be.ensure_capacity(rows, cols, DT)
         x = make_input(seed, call, world.rank, rows, cols)
         out = torch.full((rows, cols), float("nan"), dtype=DT)
-        src = x if staged else be.input_view(rows, cols, DT)
+        src = x if staged else be.acquire_input_view(rows, cols, DT)
         if not staged:
             if jitter.random() < 0.3:
                 time.sleep(jitter.uniform(0, 0.002))  # a slow producer: peers run ahead

@@ -113,9 +113,9 @@ def test_schedule_and_timeout_arguments_are_checked():
 def test_single_rank_is_a_copy_and_input_view_needs_capacity():
     be = SdmaBackend(single_world())
     with pytest.raises(ValueError, match="ensure_capacity"):
-        be.input_view(4, 4, torch.bfloat16)
+        be.acquire_input_view(4, 4, torch.bfloat16)
     be.ensure_capacity(4, 4, torch.bfloat16)
-    y = be.input_view(4, 4, torch.bfloat16)
+    y = be.acquire_input_view(4, 4, torch.bfloat16)
     y.copy_(torch.arange(16.0).view(4, 4))
     out = torch.full((4, 4), math.nan, dtype=torch.bfloat16)
     be.all_reduce(y, out)

@@ -61,7 +61,7 @@ def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, relea
                 be.ensure_capacity(rows, cols, DT)
         for r, be in enumerate(bes):
             with torch.cuda.stream(streams[r]):
-                src = xs[r] if staged else be.input_view(rows, cols, DT)
+                src = xs[r] if staged else be.acquire_input_view(rows, cols, DT)
                 if not staged:
                     src.copy_(xs[r])
                 bounds = slice_bounds(rows, slices)

@@ -54,7 +54,7 @@ class PeerSumBackend(Backend):
             self.buffer = self.world.memory.allocate("test_peer_sum", nbytes)
         self.cols, self.dtype = cols, dtype
 
-    def input_view(self, rows, cols, dtype):
+    def acquire_input_view(self, rows, cols, dtype):
         return typed_view(self.buffer.local, rows, cols, dtype)
 
     def all_reduce(self, slice_in, out):

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         ar = backends.get(name)(world)
         ar.ensure_capacity(args.m, args.n, torch.bfloat16)
         ar.fill_passive_peers()
-        ar_in = (ar.input_view(args.m, args.n, torch.bfloat16) if ar.peer_visible_input
+        ar_in = (ar.acquire_input_view(args.m, args.n, torch.bfloat16) if ar.peer_visible_input
                  else slice_dev)
         parts.append((f"{name} all-reduce", lambda i, ar=ar, ar_in=ar_in: ar.all_reduce(ar_in, y)))
     alone, _ = gpu_timing.median_ms(gpu_timing.event_times(gemm, args.reps, 3))

@@ -96,7 +96,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     for r in (rt, serial_rt):
         r.backend.ensure_capacity(case.rows, case.cols, y.dtype)
         r.backend.fill_passive_peers()
-    ar_in = (backend.input_view(case.rows, case.cols, y.dtype) if backend.peer_visible_input
+    ar_in = (backend.acquire_input_view(case.rows, case.cols, y.dtype) if backend.peer_visible_input
              else torch.randn_like(y))
     ar_out = torch.empty_like(y)
 

@@ -106,7 +106,7 @@ def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
             be = SdmaBackend(emulated_worlds(size, DEV)[0], schedule=schedule)
             be.ensure_capacity(rows, cols, torch.bfloat16)
             be.fill_passive_peers()
-            y = be.input_view(rows, cols, torch.bfloat16)
+            y = be.acquire_input_view(rows, cols, torch.bfloat16)
             y.normal_()
             res = torch.empty_like(y)
             before = be.pulled_bytes
@@ -127,7 +127,7 @@ def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
     be = SdmaBackend(emulated_worlds(4, DEV)[0], schedule="oneshot")
     be.ensure_capacity(rows, cols, torch.bfloat16)
     be.fill_passive_peers()
-    y = be.input_view(rows, cols, torch.bfloat16)
+    y = be.acquire_input_view(rows, cols, torch.bfloat16)
     y.normal_()
     side = torch.cuda.Stream(DEV)
     torch.cuda.synchronize()

@@ -64,7 +64,7 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
         else:
             backend.call_key = (rows, x.shape[1])
             backend.ensure_capacity(rows, cols, out.dtype)
-            y = (backend.input_view(rows, cols, out.dtype) if backend.peer_visible_input
+            y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
                  else rt.scratch.get("gemm_out", (rows, cols), out.dtype, device))
             bounds = slice_bounds(rows, rt.settings.slices)
             lanes = rt.lanes()

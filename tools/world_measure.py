@@ -136,7 +136,7 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     ar_in = torch.empty_like(out)
     if backend.peer_visible_input:
         backend.ensure_capacity(case.rows, case.cols, out.dtype)
-        ar_in = backend.input_view(case.rows, case.cols, out.dtype)
+        ar_in = backend.acquire_input_view(case.rows, case.cols, out.dtype)
     ar_in.copy_(out)
 
     def gemm(i):
