@@ -19,7 +19,7 @@ CPU               ``Tensor.copy_``                        (host spin: see backen
 
 Why these calls: a same-device D2D ``hipMemcpy`` is a blit kernel on CUs unless its kind
 is NoCU (as reported by earlier work on ROCm); H2D/D2H copies from pinned memory run on
-the copy engines and complete while every SM is held (:mod:`backends.cu_free_check`;
+the copy engines and complete while every SM is held (:mod:`diagnostics.cu_free_check`;
 what was seen on an H200 is in docs/history.md); a stream wait-value is executed by the
 GPU's front end, so a stream waits for a peer's flag without any spinning kernel.
 

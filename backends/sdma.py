@@ -88,16 +88,16 @@ _COMPUTE_UNITS = {
     ("single", "hip"): (False, "one rank: a local copy"),
     ("gpu-emulated", "cuda"): (False, (
         "waits: cuStreamWaitValue32 (GPU front end, no kernel); copies: D2H/H2D with pinned "
-        "host memory on copy engines. backends.cu_free_check on one H200 (2026-12): the "
+        "host memory on copy engines. diagnostics.cu_free_check on one H200 (2026-12): the "
         "whole transport (publish, flags, 3 pulls, 160 MiB) completed with 132/132 SMs held; "
         "a GEMM 8192x4352x5120 ran 0.500 ms alone, 0.499 ms beside it")),
     ("gpu-emulated", "hip"): (True, (
         "not verified on ROCm: H2D/D2H should take SDMA (ROCm CLR code) unless "
-        "HSA_ENABLE_SDMA=0; run backends.cu_free_check on the machine")),
+        "HSA_ENABLE_SDMA=0; run diagnostics.cu_free_check on the machine")),
     ("gpu-symm", "cuda"): (True, (
         "not verified: pulls are cudaMemcpyAsync on symmetric-memory mappings; a same-device "
         "D2D cudaMemcpyAsync did NOT progress with every SM held on an H200, and P2P copies "
-        "were never checked here (one GPU); run backends.cu_free_check on a multi-GPU box")),
+        "were never checked here (one GPU); run diagnostics.cu_free_check on a multi-GPU box")),
     ("gpu-symm", "hip"): (True, (
         "not verified: hipMemcpyAsync NoCU on mapped peer memory; ROCm 7.x bugs (NoCU ignored "
         "for P2P before rocm-systems#9100, #11318 unwritten destinations, #11510 gfx90a)")),
@@ -293,7 +293,7 @@ class SdmaBackend(Backend):
         """The transport half of a one-shot call, no reduce: publish, flags, W-1 pulls.
 
         Returns the received peer slices (uint8, rank order, own slot empty). Used by
-        :mod:`backends.cu_free_check` to prove the transport progresses with every SM held.
+        :mod:`diagnostics.cu_free_check` to prove the transport progresses with every SM held.
         """
         if self.world.size == 1:
             return []

@@ -55,7 +55,7 @@ def from_process_group(group: dist.ProcessGroup | None = None,
     """
     if not dist.is_initialized():
         raise RuntimeError("from_process_group: torch.distributed is not initialized "
-                           "(run under torchrun, or use backends.cpu_world for CPU ranks)")
+                           "(run under torchrun, or use harness.cpu_world for CPU ranks)")
     if device is None:
         device = (torch.device("cuda", torch.cuda.current_device())
                   if dist.get_backend(group) == "nccl" else torch.device("cpu"))

@@ -1,6 +1,6 @@
 """Shared test plumbing: GPU markers skip cleanly without a device; CPU worlds are pooled.
 
-``cpu_world(W)`` returns a :class:`backends.cpu_world.CpuWorldPool` of W gloo processes,
+``cpu_world(W)`` returns a :class:`harness.cpu_world.CpuWorldPool` of W gloo processes,
 started once per pytest run and closed at the end (a process start costs seconds).
 """
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from backends import envs
-from backends.cpu_world import CpuWorldPool
+from harness.cpu_world import CpuWorldPool
 
 envs.prepare_cuda_for_emulated_ranks()  # the GPU tests drive emulated ranks; before CUDA starts
 

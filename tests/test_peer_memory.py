@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import backends.peer_memory as pm
-from backends.cpu_world import CpuWorldPool
+from harness.cpu_world import CpuWorldPool
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import backends
 import world_jobs
-from backends.cpu_world import CpuWorldPool, WorldError
+from harness.cpu_world import CpuWorldPool, WorldError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 import soak  # noqa: E402

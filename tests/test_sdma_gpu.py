@@ -160,7 +160,7 @@ def test_triton_reduce_on_the_gpu_is_bit_exact_with_two_outputs():
 
 
 def test_transport_needs_no_compute_units():
-    from backends import cu_free_check
+    from diagnostics import cu_free_check
 
     results = {r.label.split(" (")[0]: r for r in cu_free_check.standard_checks(DEV)}
     for r in results.values():

@@ -18,8 +18,8 @@ import torch
 
 import backends
 import overlap
-from backends.cpu_world import CpuWorldPool
 from backends.world import single_world
+from harness.cpu_world import CpuWorldPool
 from overlap import vllm_install as vi
 from overlap import vllm_plugin as vp
 from overlap.config import OverlapSettings

@@ -145,7 +145,7 @@ def gate_reason(name: str, world) -> str | None:
 
 
 def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
-    from backends.cpu_world import CpuWorldPool
+    from harness.cpu_world import CpuWorldPool
 
     todo = cases(args, "cpu")
     hdr = header("cpu-shm", f"CPU, {args.world} processes (gloo + shared memory)", args.world,

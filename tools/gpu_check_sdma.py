@@ -5,7 +5,7 @@
 1. stream memory operations through cuda-bindings: write-value to pinned host and to
    device memory; a wait-value on a pinned host flag released by the host; a wait-value
    on a device flag released by another stream; cyclic GEQ with a passive (max) flag.
-2. the no-compute-unit proof (:mod:`backends.cu_free_check`).
+2. the no-compute-unit proof (:mod:`diagnostics.cu_free_check`).
 3. timing, labelled "1 GPU, W emulated ranks over PCIe": one active rank against W-1
    passive pre-filled peers, 8192 x 5120 bf16 (80 MiB), one-shot and two-shot; and the
    contention: a bf16 GEMM 8192x4352x5120 alone vs while the transport runs beside it.
@@ -24,11 +24,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from backends import cu_free_check, envs  # noqa: E402
+from backends import envs  # noqa: E402
 from backends.copy_engine import CopyEngine  # noqa: E402
 from backends.sdma import SdmaBackend  # noqa: E402
 from backends.signals import PASSIVE_EPOCH  # noqa: E402
 from backends.world import emulated_worlds  # noqa: E402
+from diagnostics import cu_free_check  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 DEV = torch.device("cuda", 0)

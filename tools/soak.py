@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                                            args.max_m, args.n, args.k, args.slices, seed=1,
                                            warmup=args.warmup), device)
         return 1 if failed else 0
-    from backends.cpu_world import CpuWorldPool
+    from harness.cpu_world import CpuWorldPool
 
     print(f"soak: CPU, {args.world} processes (gloo + shared memory), M in 1..{args.max_m}, "
           f"MIN_M = {args.min_m}, N = {args.n}, K = {args.k}, {args.slices} slices")

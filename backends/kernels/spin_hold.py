@@ -1,6 +1,6 @@
 """Spinner that holds compute units: every program spins on a host-pinned flag.
 
-Used by :mod:`backends.cu_free_check` to occupy every SM while a transfer runs: if the
+Used by :mod:`diagnostics.cu_free_check` to occupy every SM while a transfer runs: if the
 transfer still completes, it needed no SM. Each program first records the SM it runs on
 (``%smid`` + 1, 0 meaning "not started yet") in a host-pinned array, written through
 to host memory so the host sees residency while the kernel runs, then re-reads the

@@ -13,7 +13,7 @@ which did not) is in docs/history.md. The rates under the check are not the copi
 rates: the spinners re-reading a flag in host memory load the same host link. Only
 completion is the verdict.
 
-    >>> from backends import cu_free_check
+    >>> from diagnostics import cu_free_check
     >>> for r in cu_free_check.standard_checks(torch.device("cuda", 0)): print(r)
 """
 
