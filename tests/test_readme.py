@@ -20,11 +20,16 @@ def test_the_using_the_op_program_runs_and_is_right(tmp_path):
     script = tmp_path / "demo.py"
     script.write_text(readme_program())
     env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
+    # Each rank's stdout to a file of its own (--redirects 1): two ranks printing to one
+    # pipe can interleave their lines.
+    logs = tmp_path / "logs"
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node", "2", str(script)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+                          "--nproc-per-node", "2", "--log-dir", str(logs), "--redirects", "1",
+                          str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=240)
+    printed = "".join(p.read_text() for p in sorted(logs.rglob("stdout.log")))
+    assert res.returncode == 0, printed + res.stdout[-2000:] + res.stderr[-4000:]
     errors = re.findall(r"rank (\d): out \(256, 1024\), relative RMS error vs float64 (\S+)",
-                        res.stdout)
-    assert sorted(r for r, _ in errors) == ["0", "1"], res.stdout
+                        printed)
+    assert sorted(r for r, _ in errors) == ["0", "1"], printed
     assert all(float(e) <= 2 ** -8 for _, e in errors), errors
