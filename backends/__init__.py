@@ -3,10 +3,12 @@
     >>> import backends
     >>> backends.names()                 # every registered strategy
     >>> cls = backends.from_env()        # the one RADIANCE_AR_BACKEND names
-    >>> ar = cls(world)                  # built for one rank of a backends.world.World
+    >>> ar = cls(world, settings)        # for one rank of a backends.world.World
     >>> ar.all_reduce(slice_in, out)     # collective
 
-Nothing here imports Triton or a GPU runtime at import time.
+``settings`` is a :class:`backends.envs.BackendSettings` (every backend knob, validated);
+without it a backend reads them from the environment, once. Nothing here imports Triton
+or a GPU runtime at import time.
 """
 
 from backends.interface import Backend

@@ -1,9 +1,12 @@
-"""Every environment knob of radiance-ar, declared once.
+"""Every environment knob of radiance-ar, declared once, and the backends' settings.
 
 Both packages read settings through this module (``overlap`` included), so a knob has
 exactly one name, one default, one parser and one help text. No other module reads
 ``os.environ``. A bad value raises ``ValueError`` naming the variable, the value and
-what was expected; nothing falls back silently to a default. The launcher's and Triton's
+what was expected; nothing falls back silently to a default. The backend knobs reach
+the backends as one frozen :class:`BackendSettings` (``cls(world, settings)``),
+validated in its constructor with the bounds of the knobs, so a backend reads no
+environment and a test builds one without touching it. The launcher's and Triton's
 own variables this project reacts to (``LOCAL_RANK``, ``TRITON_INTERPRET``) are read here
 too, by :func:`torchrun_local_rank` and :func:`triton_interpreter`, and the CUDA driver
 settings that emulated ranks need are set here, by :func:`prepare_cuda_for_emulated_ranks`.
@@ -17,8 +20,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, ClassVar, Mapping
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ SPIN_TIMEOUT_MS_RANGE = (1.0, 600_000.0)
 #: on the H200), while oneshot_wht6 is meant to hold few compute units.
 MAX_OVERLAP_SLICES = 64
 MAX_ONESHOT_CTAS = 1024
+#: the transfer schedules of the sdma backend (backends/sdma.py)
+SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
 
 
 KNOBS: dict[str, Knob] = {
@@ -132,7 +137,7 @@ KNOBS: dict[str, Knob] = {
         Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", "1000", _float_in(*SPIN_TIMEOUT_MS_RANGE),
              "longest wait, in ms (1 to 600000), for a peer's flag before a backend reports "
              "the peer missing; an unbounded spin can wedge an RDNA compute queue"),
-        Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice("auto", "oneshot", "twoshot"),
+        Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice(*SDMA_SCHEDULES),
              "sdma transfer schedule; auto picks by message size and world size"),
     )
 }
@@ -146,6 +151,71 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
         raise KeyError(f"{name} is not a radiance-ar setting; known: {', '.join(KNOBS)}") from None
     env = os.environ if environ is None else environ
     return knob.parse(name, env.get(name, knob.default))
+
+
+def _default(name: str) -> Any:
+    return KNOBS[name].parse(name, KNOBS[name].default)
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """The backend knobs, parsed and validated once; every backend is built as
+    ``cls(world, settings)`` and reads its knobs from here, never from the environment.
+
+    ``BackendSettings()`` holds the knobs' defaults and reads no environment;
+    :meth:`from_env` reads them from it. Every value is checked here, whoever builds the
+    object (``from_env``, a test, a tool), with the bounds of its knob::
+
+        >>> s = BackendSettings(spin_timeout_ms=300)
+        >>> s.replace(sdma_schedule="twoshot").sdma_schedule
+        'twoshot'
+
+    A backend with a knob of its own adds a field here, its knob to :data:`KNOBS` and
+    the pair to ``KNOB_OF``.
+    """
+
+    #: RADIANCE_AR_SPIN_TIMEOUT_MS: longest wait for a peer before a call fails (ms)
+    spin_timeout_ms: float = _default("RADIANCE_AR_SPIN_TIMEOUT_MS")
+    #: RADIANCE_AR_SDMA_SCHEDULE: the sdma transfer schedule (``SDMA_SCHEDULES``)
+    sdma_schedule: str = _default("RADIANCE_AR_SDMA_SCHEDULE")
+    #: RADIANCE_AR_ONESHOT_CTAS: CTAs the oneshot_wht6 kernel holds
+    oneshot_ctas: int = _default("RADIANCE_AR_ONESHOT_CTAS")
+
+    #: field -> the knob it comes from
+    KNOB_OF: ClassVar[dict[str, str]] = {
+        "spin_timeout_ms": "RADIANCE_AR_SPIN_TIMEOUT_MS",
+        "sdma_schedule": "RADIANCE_AR_SDMA_SCHEDULE",
+        "oneshot_ctas": "RADIANCE_AR_ONESHOT_CTAS",
+    }
+
+    def __post_init__(self) -> None:
+        lo, hi = SPIN_TIMEOUT_MS_RANGE
+        t = self.spin_timeout_ms
+        if not (_is_number(t) and lo <= t <= hi and math.isfinite(t)):
+            self._refuse("spin_timeout_ms", f"a finite number {_range_text(lo, hi)}")
+        object.__setattr__(self, "spin_timeout_ms", float(t))
+        if self.sdma_schedule not in SDMA_SCHEDULES:
+            self._refuse("sdma_schedule", f"one of {', '.join(SDMA_SCHEDULES)}")
+        c = self.oneshot_ctas
+        if not (isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_ONESHOT_CTAS):
+            self._refuse("oneshot_ctas", f"an integer {_range_text(1, MAX_ONESHOT_CTAS)}")
+
+    def _refuse(self, field: str, expected: str) -> None:
+        raise ValueError(f"BackendSettings: {field}={getattr(self, field)!r} "
+                         f"({self.KNOB_OF[field]}): expected {expected}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "BackendSettings":
+        """Every backend knob parsed from the environment (``ValueError`` names a bad one)."""
+        return cls(**{f.name: get(cls.KNOB_OF[f.name], environ) for f in fields(cls)})
+
+    def replace(self, **changes: Any) -> "BackendSettings":
+        """A copy with ``changes`` (validated alike): ``dataclasses.replace``."""
+        return replace(self, **changes)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def triton_interpreter(environ: Mapping[str, str] | None = None) -> bool:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Iterator
 import torch
 
 from backends.call_contract import CallSignature
+from backends.envs import BackendSettings
 from backends.world import World
 
 if TYPE_CHECKING:
@@ -49,6 +50,30 @@ def check_slice(slice_in: torch.Tensor, out: torch.Tensor) -> None:
         raise ValueError(f"all_reduce: slice_in on {slice_in.device} but out on {out.device}")
 
 
+def check_capacity_args(who: str, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+    """The checks of ``ensure_capacity``'s arguments: ``max_rows`` and ``cols`` ints >= 1,
+    ``dtype`` one of :data:`SUPPORTED_DTYPES`. ``who`` names the backend in the message."""
+    for label, v in (("max_rows", max_rows), ("cols", cols)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{who}.ensure_capacity: {label} must be an int >= 1, got {v!r}")
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{who}.ensure_capacity: dtype {dtype}, expected one of "
+                        f"{SUPPORTED_DTYPES}")
+
+
+def grown_size(need: int, current: int, align: int = 1) -> int:
+    """The size a grow-only buffer of ``current`` units takes to hold ``need``: at least
+    1.5x ``current``, so a warm-up of rising M re-allocates O(log M) times rather than at
+    every new high-water mark (docs/history.md), rounded up to a multiple of ``align``."""
+    return -(-max(need, current * 3 // 2) // align) * align
+
+
+def current_stream_handle(device: torch.device) -> int:
+    """The raw handle of ``device``'s current stream (0 off CUDA/ROCm), as the copy layer
+    and external kernels take it. Reading it creates nothing and is legal in capture."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
 def copy_unless_same(src: torch.Tensor, dst: torch.Tensor) -> None:
     """``dst[...] = src`` unless both are the same memory (an in-place call)."""
     if dst.data_ptr() != src.data_ptr():
@@ -56,7 +81,12 @@ def copy_unless_same(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 class Backend(abc.ABC):
-    """One rank's all-reduce strategy. Subclasses register with ``@backends.register``."""
+    """One rank's all-reduce strategy. Subclasses register with ``@backends.register``.
+
+    Built as ``cls(world, settings)`` for one rank of ``world``; ``settings`` (a
+    :class:`~backends.envs.BackendSettings`) holds every backend knob, and defaults to
+    the environment's, read once here. A backend reads its knobs from ``self.settings``.
+    """
 
     name: ClassVar[str]
     #: the transport holds compute units (CTAs/workgroups) while it waits for peers
@@ -72,15 +102,25 @@ class Backend(abc.ABC):
     pipelined: ClassVar[bool] = True
     #: the producer GEMM writes straight into ``acquire_input_view`` (peer-visible memory)
     peer_visible_input: ClassVar[bool] = False
+    #: its calls wait for peers through flags of its own, bounded by
+    #: ``settings.spin_timeout_ms`` (tests give such backends the misuse scenarios)
+    waits_on_peers: ClassVar[bool] = False
 
     #: the cross-rank flags of a backend with a protocol of its own (None: the vendor's)
     signals: "Signals | None" = None
 
-    def __init__(self, world: World):
+    def __init__(self, world: World, settings: BackendSettings | None = None):
         reason = self.unsupported_reason(world)
         if reason is not None:
             raise ValueError(f"backend {self.name!r} cannot run here: {reason}")
+        if settings is None:
+            settings = BackendSettings.from_env()
+        elif not isinstance(settings, BackendSettings):
+            raise TypeError(f"backend {self.name!r}: settings must be a "
+                            f"backends.envs.BackendSettings, got {type(settings).__name__}")
         self.world = world
+        #: the backend knobs (validated when the settings were built); read nothing else
+        self.settings = settings
         #: (M, K) of the linear whose slices are being reduced; the op sets it per call and
         #: it joins every call's signature, so ranks in different linears do not pair up
         self.call_key: tuple[int, int] = (0, 0)

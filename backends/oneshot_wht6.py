@@ -4,7 +4,7 @@ docs/design.md, 'oneshot_wht6'. One call of rank r on a slice x [rows, cols], ev
 
     P_r = wht6.encode(x)  -> r's peer-visible payload buffer, region (t mod 2)
     flag_r = t                                   # t: this call's epoch
-    wait until flag_p >= t for every peer p      # bounded: RADIANCE_AR_SPIN_TIMEOUT_MS
+    wait until flag_p >= t for every peer p      # bounded: settings.spin_timeout_ms
     out = wht6.decode_accumulate([P_0, ..., P_{W-1}])   # rank order, fp32, one rotation
 
 Each rank decodes its OWN payload too (never its unquantized input), so every rank sums
@@ -16,7 +16,7 @@ row would silently send up to 4x the bytes; the codec backends refuse alike).
 GPU (``gpu-symm``, ``gpu-emulated``): ONE Triton kernel per call does all of it
 (:mod:`backends.kernels.oneshot_wht6`), its CTAs spinning on per-CTA flags whose
 epoch counter lives on the device, so a CUDA-graph replay never sees stale flags
-(``capture_safe``). It holds its CTAs (``RADIANCE_AR_ONESHOT_CTAS``) while it waits:
+(``capture_safe``). It holds its CTAs (``settings.oneshot_ctas``) while it waits:
 that contention is what this backend exists to measure. A wait that outlasts the bound
 makes the kernel record (epoch, peer) in pinned host words and finish with a garbage
 result; :meth:`check` (and the next :meth:`all_reduce`, once the previous call's event
@@ -48,16 +48,15 @@ import time
 
 import torch
 
-from backends import envs, wht6
-from backends.interface import SUPPORTED_DTYPES, Backend, check_slice, refuse_growth_in_capture
+from backends import wht6
+from backends.envs import BackendSettings
+from backends.interface import (Backend, check_capacity_args, check_slice, grown_size,
+                                refuse_growth_in_capture)
 from backends.registry import register
 from backends.call_contract import CollectiveMismatchError, FaultState
 from backends.kernels import oneshot_wht6 as kernel
 from backends.signals import FLAG_BYTES, CpuSignals, PeerTimeoutError
-from backends.world import World
-
-MAX_WORLD = 8  # payload/flag pointer arguments of the kernel
-_KINDS = ("cpu-shm", "gpu-symm", "gpu-emulated", "single")
+from backends.world import KINDS, MAX_WORLD, World
 
 
 def _check_cols(where: str, cols: int) -> None:
@@ -78,18 +77,14 @@ class OneshotWht6Backend(Backend):
     capture_safe = True
     bit_exact = False
     rel_rms_bound = 2.0 ** -5
+    waits_on_peers = True
 
-    def __init__(self, world: World, ctas: int | None = None,
-                 spin_timeout_ms: float | None = None):
-        super().__init__(world)
-        self.ctas = envs.get("RADIANCE_AR_ONESHOT_CTAS") if ctas is None else ctas
-        if not isinstance(self.ctas, int) or isinstance(self.ctas, bool) or self.ctas < 1:
-            raise ValueError(f"oneshot_wht6: ctas must be an int >= 1, got {self.ctas!r}")
-        timeout = (envs.get("RADIANCE_AR_SPIN_TIMEOUT_MS") if spin_timeout_ms is None
-                   else spin_timeout_ms)
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-            raise ValueError(f"oneshot_wht6: spin_timeout_ms must be a number > 0, got {timeout!r}")
-        self.timeout_ms = float(timeout)
+    def __init__(self, world: World, settings: BackendSettings | None = None):
+        """``settings``: ``oneshot_ctas`` and ``spin_timeout_ms`` (default: the
+        environment's)."""
+        super().__init__(world, settings)
+        self.ctas = self.settings.oneshot_ctas
+        self.timeout_ms = self.settings.spin_timeout_ms
         self.gpu = torch.device(world.device).type == "cuda"
         self.capacity = 0  # bytes of one payload region
         self._cols = 0  # columns of the last ensure_capacity (passive fill)
@@ -116,9 +111,9 @@ class OneshotWht6Backend(Backend):
 
     @classmethod
     def unsupported_reason(cls, world: World) -> str | None:
-        if world.kind not in _KINDS:
+        if world.kind not in KINDS:
             return (f"world kind {world.kind!r} is unknown to oneshot_wht6 "
-                    f"(known: {', '.join(_KINDS)})")
+                    f"(known: {', '.join(KINDS)})")
         if world.size > MAX_WORLD:
             return f"world size {world.size} > {MAX_WORLD}, the kernel's payload pointer limit"
         dev = torch.device(world.device)
@@ -143,13 +138,7 @@ class OneshotWht6Backend(Backend):
         return (world_size - 1) * wht6.payload_bytes(numel)
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
-        for label, v in (("max_rows", max_rows), ("cols", cols)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"oneshot_wht6.ensure_capacity: {label} must be an int >= 1, "
-                                 f"got {v!r}")
-        if dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"oneshot_wht6.ensure_capacity: dtype {dtype}, expected one of "
-                            f"{SUPPORTED_DTYPES}")
+        check_capacity_args("oneshot_wht6", max_rows, cols, dtype)
         _check_cols("oneshot_wht6.ensure_capacity", cols)
         self._cols = cols
         if self.world.size == 1:
@@ -269,8 +258,7 @@ class OneshotWht6Backend(Backend):
         return self._flags.peer(rank)[:self.ctas * 8].view(torch.int64)
 
     def _grow(self, need: int) -> None:
-        # Grow by at least 1.5x so a warm-up of rising M re-allocates O(log M) times.
-        nbytes = -(-max(need, self.capacity * 3 // 2) // 8) * 8
+        nbytes = grown_size(need, self.capacity, 8)
         if self.gpu and self._enqueued:
             if self.world.emulated:
                 # No sync here: a peer's kernel enqueued earlier in this very call may be

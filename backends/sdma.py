@@ -6,7 +6,8 @@ after a stream wait-value on its ``ready`` flag (:mod:`backends.signals`), then 
 short reduce kernel sums in rank order 0..W-1 with fp32 accumulation, rounded once
 (:mod:`backends.kernels.reduce_sum`): bit-exact and identical on every rank.
 
-Schedules (``RADIANCE_AR_SDMA_SCHEDULE`` or the ``schedule`` argument):
+Schedules (``settings.sdma_schedule``, from ``RADIANCE_AR_SDMA_SCHEDULE``, or the
+``schedule`` argument, which fixes one):
 
 - one-shot: pull the W-1 peer slices into local receive buffers, reduce. Sends
   (W-1) x slice bytes per rank, one flag round trip.
@@ -60,24 +61,20 @@ from __future__ import annotations
 
 import torch
 
-from backends import envs
 from backends.copy_engine import CopyEngine, bindings_reason, platform
-from backends.interface import (SUPPORTED_DTYPES, Backend, check_slice, copy_unless_same,
-                                refuse_growth_in_capture)
+from backends.envs import BackendSettings
+from backends.interface import (Backend, check_capacity_args, check_slice, copy_unless_same,
+                                current_stream_handle, grown_size, refuse_growth_in_capture)
 from backends.peer_memory import typed_view
 from backends.publish_lane import PublishLane
 from backends.registry import register
 from backends.gpu_signals import GpuSignals
 from backends.signals import FLAG_BYTES, CpuSignals, Signals
-from backends.world import World
+from backends.world import KINDS, MAX_WORLD, World
 
-SCHEDULES = ("auto", "oneshot", "twoshot")
 AUTO_TWOSHOT_MIN_BYTES = 1 << 20
 SHARD_ALIGN_BYTES = 16  # two-shot shard bounds: 16-byte vectors for the reduce kernel
-MAX_WORLD = 8  # inputs of the reduce kernel
 MAX_PENDING = 64
-
-_KINDS = ("cpu-shm", "gpu-symm", "gpu-emulated", "single")
 
 # (world kind, platform) -> (holds compute units while waiting?, why). False only where
 # the whole transport (waits and copies) is known to run without SMs/CUs.
@@ -126,17 +123,18 @@ class SdmaBackend(Backend):
     # One rounding of the fp32 sum: relative error <= 2^-8 (bf16 unit roundoff) per element.
     rel_rms_bound = 2.0 ** -8
     peer_visible_input = True
+    waits_on_peers = True
 
-    def __init__(self, world: World, schedule: str | None = None,
-                 spin_timeout_ms: float | None = None):
-        super().__init__(world)
-        self.schedule = envs.get("RADIANCE_AR_SDMA_SCHEDULE") if schedule is None else schedule
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"sdma: schedule {self.schedule!r}, expected one of {SCHEDULES}")
-        timeout = (envs.get("RADIANCE_AR_SPIN_TIMEOUT_MS") if spin_timeout_ms is None
-                   else spin_timeout_ms)
-        if not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"sdma: spin_timeout_ms must be a number > 0, got {timeout!r}")
+    def __init__(self, world: World, settings: BackendSettings | None = None, *,
+                 schedule: str | None = None):
+        """``settings``: ``sdma_schedule`` and ``spin_timeout_ms`` (default: the
+        environment's). ``schedule`` fixes the schedule whatever the settings say
+        (``sdma_wht6``: one-shot only; a probe of one schedule); checked alike."""
+        super().__init__(world, settings)
+        if schedule is not None:
+            self.settings = self.settings.replace(sdma_schedule=schedule)
+        self.schedule = self.settings.sdma_schedule
+        timeout = self.settings.spin_timeout_ms
         self.platform = platform(world.device)
         self.uses_compute_units_while_waiting, self.compute_unit_note = _COMPUTE_UNITS[
             (world.kind, self.platform)]
@@ -163,8 +161,8 @@ class SdmaBackend(Backend):
     @classmethod
     def unsupported_reason(cls, world: World) -> str | None:
         kind = world.kind
-        if kind not in _KINDS:
-            return f"world kind {kind!r} is unknown to sdma (known: {', '.join(_KINDS)})"
+        if kind not in KINDS:
+            return f"world kind {kind!r} is unknown to sdma (known: {', '.join(KINDS)})"
         if world.size > MAX_WORLD:
             return f"world size {world.size} > {MAX_WORLD}, the reduce kernel's input limit"
         dev = torch.device(world.device)
@@ -196,11 +194,7 @@ class SdmaBackend(Backend):
         return 2 * (world_size - 1) * nbytes // world_size
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
-        for label, v in (("max_rows", max_rows), ("cols", cols)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"sdma.ensure_capacity: {label} must be an int >= 1, got {v!r}")
-        if dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"sdma.ensure_capacity: dtype {dtype}, expected one of {SUPPORTED_DTYPES}")
+        check_capacity_args("sdma", max_rows, cols, dtype)
         need = max_rows * cols * dtype.itemsize
         if dtype not in self._warm and self.world.size > 1 and self.world.device.type == "cuda":
             from backends.kernels import reduce_sum as kernel
@@ -213,9 +207,8 @@ class SdmaBackend(Backend):
             return
         refuse_growth_in_capture(f"sdma buffers ({need} B per slice buffer)", self.world.device)
         self._quiesce()
-        # Grow by at least 1.5x so a warm-up of rising M re-allocates O(log M) times; whole
-        # 256-byte units keep every receive slot aligned for 16-byte vector loads.
-        nbytes = -(-max(need, self.capacity * 3 // 2) // 256) * 256
+        # Whole 256-byte units keep every receive slot aligned for 16-byte vector loads.
+        nbytes = grown_size(need, self.capacity, 256)
         self.close()  # a growth that fails below leaves no buffers and capacity 0
         mem, dev, size = self.world.memory, self.world.device, self.world.size
         self._pub = mem.allocate("sdma.pub", nbytes)
@@ -235,7 +228,7 @@ class SdmaBackend(Backend):
         if self.signals is not None:
             self.signals.faults.refuse_if_faulted()
             try:
-                self._fence(0, self.capacity, self._stream())
+                self._fence(0, self.capacity, current_stream_handle(self.world.device))
             except BaseException as e:
                 self.signals.fail(e)
                 raise
@@ -247,7 +240,7 @@ class SdmaBackend(Backend):
             copy_unless_same(slice_in, out)
             return
         nbytes = self._check_fits(slice_in.numel() * slice_in.element_size())
-        stream = self._stream()
+        stream = current_stream_handle(self.world.device)
         with self.signals.call(self.signature(slice_in)) as t:
             off, local = self._publish(t, slice_in, stream)
             if self.schedule_for(nbytes) == "oneshot":
@@ -298,7 +291,7 @@ class SdmaBackend(Backend):
         if self.world.size == 1:
             return []
         nbytes = self._check_fits(slice_in.numel() * slice_in.element_size())
-        stream = self._stream()
+        stream = current_stream_handle(self.world.device)
         with self.signals.call(self.signature(slice_in)) as t:
             off, _ = self._publish(t, slice_in, stream)
             ops = self._pull_all(t, off, nbytes, stream)
@@ -334,10 +327,6 @@ class SdmaBackend(Backend):
             self.signals.set_passive(p)
 
     # ------------------------------------------------------------------ internals
-
-    def _stream(self) -> int:
-        dev = self.world.device
-        return torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
 
     def _input_base(self) -> torch.Tensor:
         return self._stage if self.emulated else self._pub.local
@@ -462,5 +451,5 @@ class SdmaBackend(Backend):
         """Before buffers are replaced: every peer read done, every enqueued call finished."""
         if self.signals is None or not self._pending:
             return
-        self._fence(0, self.capacity, self._stream())
+        self._fence(0, self.capacity, current_stream_handle(self.world.device))
         self.check()

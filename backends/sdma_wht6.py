@@ -25,7 +25,9 @@ from __future__ import annotations
 import torch
 
 from backends import wht6
-from backends.interface import check_slice, copy_unless_same, refuse_growth_in_capture
+from backends.envs import BackendSettings
+from backends.interface import (check_slice, copy_unless_same, current_stream_handle,
+                                refuse_growth_in_capture)
 from backends.registry import register
 from backends.sdma import SdmaBackend
 from backends.world import World
@@ -37,8 +39,10 @@ class SdmaWht6Backend(SdmaBackend):
     rel_rms_bound = wht6.SUM_REL_RMS_BOUND
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
 
-    def __init__(self, world: World, spin_timeout_ms: float | None = None):
-        super().__init__(world, schedule="oneshot", spin_timeout_ms=spin_timeout_ms)
+    def __init__(self, world: World, settings: BackendSettings | None = None):
+        """``settings``: ``spin_timeout_ms`` (default: the environment's); the schedule is
+        one-shot whatever ``sdma_schedule`` says."""
+        super().__init__(world, settings, schedule="oneshot")
         self.cols = 0  # columns of the last ensure_capacity (payload layout for timing)
 
     @classmethod
@@ -78,7 +82,7 @@ class SdmaWht6Backend(SdmaBackend):
             return
         shape = wht6.payload_shape(rows, cols)
         nbytes = self._check_fits(shape[0] * shape[1])
-        stream = self._stream()
+        stream = current_stream_handle(self.world.device)
         with self.signals.call(self.signature(slice_in)) as t:
             if not self.emulated:  # the encode below writes the peer-visible buffer itself
                 self._fence(0, nbytes, stream)

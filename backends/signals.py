@@ -27,8 +27,8 @@ Two implementations:
 
 - :class:`CpuSignals` (CPU worlds, flags in shared-memory files): the host posts with
   a plain store and waits with a Python spin (backing off to 1 ms sleeps so W processes
-  share 2 cores), bounded by ``RADIANCE_AR_SPIN_TIMEOUT_MS``; on expiry it raises
-  :class:`PeerTimeoutError` naming the missing peer, the slot, the epoch and the call.
+  share 2 cores), bounded by the backend's ``settings.spin_timeout_ms``; on expiry it
+  raises :class:`PeerTimeoutError` naming the missing peer, the slot, the epoch and the call.
   x86-64 keeps stores and loads in order (TSO), so data written before a flag is
   visible to a reader that saw the flag.
 - :class:`backends.gpu_signals.GpuSignals` (GPU worlds): stream write-value /

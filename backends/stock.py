@@ -1,9 +1,10 @@
 """``stock``: the vendor collective, unsliced -- the baseline every other backend is measured against.
 
-Inside vLLM (``world.vllm_tp``) it calls vLLM's ``tensor_model_parallel_all_reduce``
-(which picks vLLM's own custom AR / QuickReduce / NCCL / RCCL); elsewhere
-``torch.distributed.all_reduce`` on the world's group: NCCL on NVIDIA, RCCL through
-torch's "nccl" backend on ROCm, gloo on CPU. With ``stock`` selected the overlap op does
+It calls the world's own vendor collective where the world carries one
+(``world.all_reduce``; the vLLM installer supplies vLLM's
+``tensor_model_parallel_all_reduce``, which picks vLLM's custom AR / QuickReduce / NCCL /
+RCCL); elsewhere ``torch.distributed.all_reduce`` on the world's group: NCCL on NVIDIA,
+RCCL through torch's "nccl" backend on ROCm, gloo on CPU. With ``stock`` selected the overlap op does
 not slice (``pipelined = False``): GEMM, then one all-reduce.
 """
 
@@ -30,7 +31,7 @@ class StockBackend(Backend):
 
     @classmethod
     def unsupported_reason(cls, world: World) -> str | None:
-        if world.group is None and not world.vllm_tp and world.size > 1:
+        if world.group is None and world.all_reduce is None and world.size > 1:
             return (f"the vendor collective needs a process group; the {world.label} "
                     "world has none")
         return None
@@ -40,10 +41,8 @@ class StockBackend(Backend):
         if self.world.size == 1:
             copy_unless_same(slice_in, out)
             return
-        if self.world.vllm_tp:
-            from vllm.distributed import tensor_model_parallel_all_reduce
-
-            out.copy_(tensor_model_parallel_all_reduce(slice_in))
+        if self.world.all_reduce is not None:
+            out.copy_(self.world.all_reduce(slice_in))
             return
         copy_unless_same(slice_in, out)
         dist.all_reduce(out, group=self.world.group)

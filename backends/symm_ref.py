@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import torch
 
+from backends.envs import BackendSettings
 from backends.interface import Backend, check_slice, refuse_growth_in_capture
 from backends.peer_memory import PeerBuffer, typed_view
 from backends.registry import register
@@ -28,8 +29,8 @@ class _SymmMemAllReduce(Backend):
     peer_visible_input = True
     op_name: ClassVar[str]
 
-    def __init__(self, world: World):
-        super().__init__(world)
+    def __init__(self, world: World, settings: BackendSettings | None = None):
+        super().__init__(world, settings)
         self.buffer: PeerBuffer | None = None
         self.group_name = world.group.group_name
 

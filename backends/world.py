@@ -1,13 +1,16 @@
 """Where ranks live: one rank's view of its world (docs/design.md, 'Worlds').
 
 A :class:`World` carries the rank, the world size, the device, the process group (if
-the ranks are processes) and the rank's :class:`~backends.peer_memory.PeerMemory`.
-Backends are built for a World and never ask torch.distributed for anything else.
+the ranks are processes), the rank's :class:`~backends.peer_memory.PeerMemory` and,
+optionally, the vendor all-reduce to use in place of ``torch.distributed.all_reduce``
+(inside vLLM: vLLM's). Backends are built for a World and never ask torch.distributed
+for anything else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -22,6 +25,11 @@ WORLD_LABELS = {
     "gpu-emulated": "1 GPU, {size} emulated ranks over PCIe",
     "single": "1 rank, no peers",
 }
+#: every kind of world, as a backend gate names them
+KINDS = tuple(WORLD_LABELS)
+#: the largest world the built-in backends with kernels of their own serve: the inputs of
+#: the sdma reduce kernel and the payload/flag pointer arguments of the oneshot_wht6 kernel
+MAX_WORLD = 8
 
 
 @dataclass
@@ -31,8 +39,11 @@ class World:
     device: torch.device
     memory: PeerMemory
     group: dist.ProcessGroup | None = None
-    #: inside vLLM: the stock backend calls vLLM's tensor_model_parallel_all_reduce
-    vllm_tp: bool = False
+    #: the vendor collective to use instead of torch.distributed.all_reduce on the group:
+    #: ``t -> sum over ranks of t`` (a new tensor); inside vLLM, vLLM's
+    #: tensor_model_parallel_all_reduce (its custom AR / QuickReduce / NCCL). ``stock``
+    #: calls it, so it also serves a world without a process group.
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def kind(self) -> str:
@@ -48,10 +59,13 @@ class World:
 
 
 def from_process_group(group: dist.ProcessGroup | None = None,
-                       device: torch.device | None = None, vllm_tp: bool = False) -> World:
+                       device: torch.device | None = None,
+                       all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+                       ) -> World:
     """Collective: this process's World in ``group`` (default: the whole job).
 
     CPU device -> shared-memory files; CUDA/ROCm device -> symmetric memory.
+    ``all_reduce``: the vendor collective of :attr:`World.all_reduce` (None: the group's).
     """
     if not dist.is_initialized():
         raise RuntimeError("from_process_group: torch.distributed is not initialized "
@@ -68,7 +82,7 @@ def from_process_group(group: dist.ProcessGroup | None = None,
     else:
         raise ValueError(f"from_process_group: device type {device.type!r}: expected cpu or cuda")
     return World(memory.rank, memory.size, device, memory,
-                 group if group is not None else dist.group.WORLD, vllm_tp)
+                 group if group is not None else dist.group.WORLD, all_reduce)
 
 
 def emulated_worlds(size: int, device: torch.device) -> list[World]:

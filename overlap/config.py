@@ -1,17 +1,20 @@
 """The op's validated settings, read once from the environment (docs/design.md, 'Settings').
 
 The knobs themselves are declared in :mod:`backends.envs` (one parser for both
-packages); this module turns them into :class:`OverlapSettings` and checks the backend
-name against the registry, so a typo stops start-up with the valid choices listed.
+packages); this module turns them into :class:`OverlapSettings`: the op's own knobs,
+the backend name checked against the registry (a typo stops start-up with the valid
+choices listed), and the backend knobs as one :class:`backends.envs.BackendSettings`,
+which the runtime hands to the backend it builds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import backends
 from backends import envs
+from backends.envs import BackendSettings
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,9 @@ class OverlapSettings:
     backend: str  # RADIANCE_AR_BACKEND, canonical registry name
     min_m: int  # RADIANCE_AR_OVERLAP_MIN_M
     slices: int  # RADIANCE_AR_OVERLAP_SLICES
+    #: the backend knobs (spin timeout, sdma schedule, oneshot CTAs); default: the knobs'
+    #: defaults, not the environment (from_env reads them from it)
+    backend_settings: BackendSettings = field(default_factory=BackendSettings)
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
@@ -30,4 +36,5 @@ def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
         backend=backends.from_env(environ).name,
         min_m=values["RADIANCE_AR_OVERLAP_MIN_M"],
         slices=values["RADIANCE_AR_OVERLAP_SLICES"],
+        backend_settings=BackendSettings.from_env(environ),
     )

@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from backends.call_contract import CollectiveError
+from backends.interface import current_stream_handle
 from overlap import producers
 from overlap.pipeline import run_sliced
 from overlap.producers import Producer
@@ -88,7 +89,7 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     prepared = prod.prepare(x, weight, weight_scale, rt.scratch)
     if not sliced:
-        prod.launch(prepared, 0, rows, out, _current_stream_handle(x.device))
+        prod.launch(prepared, 0, rows, out, current_stream_handle(x.device))
         with backend.vendor_call(out):
             rt.stock.all_reduce(out, out)
         return out
@@ -116,11 +117,6 @@ def _release_peer_in_vendor_call(rt: OverlapRuntime) -> None:
     nan = torch.full((sig.rows, sig.cols), float("nan"), dtype=sig.dtype, device=rt.world.device)
     rt.stock.all_reduce(nan, nan)
     signals.vendor_calls += 1
-
-
-def _current_stream_handle(device: torch.device) -> int:
-    # Reading the handle creates nothing and is legal during graph capture.
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 @torch.library.custom_op("radiance::linear_ar", mutates_args=())

@@ -43,7 +43,7 @@ class OverlapRuntime:
         """
         if self._stock is None:
             self._stock = (self.backend if self.backend.name == "stock"
-                           else backends.get("stock")(self.world))
+                           else backends.get("stock")(self.world, self.settings.backend_settings))
         return self._stock
 
     def stock_reason(self) -> str | None:
@@ -84,9 +84,11 @@ _current: OverlapRuntime | None = None
 
 
 def build(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
-    """Collective: a runtime for ``world`` (settings default to the environment's)."""
+    """Collective: a runtime for ``world`` (settings default to the environment's); the
+    backend is built with ``settings.backend_settings``."""
     settings = from_env() if settings is None else settings
-    return OverlapRuntime(world, settings, backends.get(settings.backend)(world))
+    backend = backends.get(settings.backend)(world, settings.backend_settings)
+    return OverlapRuntime(world, settings, backend)
 
 
 def configure(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:

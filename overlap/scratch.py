@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.interface import refuse_growth_in_capture
+from backends.interface import grown_size, refuse_growth_in_capture
 
 
 class ScratchPool:
@@ -38,10 +38,8 @@ class ScratchPool:
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < nbytes:
             refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0])
-            # Grow by at least 1.5x so warm-up over rising M re-allocates O(log M) times,
-            # not once per new high-water mark: a new high M can first come late in a run
-            # (docs/history.md).
-            grown = max(nbytes, (buf.numel() * 3) // 2 if buf is not None else 0)
+            # At least 1.5x: a new high M can first come late in a run (docs/history.md).
+            grown = grown_size(nbytes, buf.numel() if buf is not None else 0)
             # Drop the old buffer first so the allocator can reuse its block.
             self._buffers.pop(key, None)
             del buf

@@ -175,9 +175,10 @@ _configured: tuple[Any, OverlapSettings] | None = None
 
 
 def _configure_on_tp_group(settings: OverlapSettings) -> None:
-    """Collective over vLLM's TP group, once per process: the op's runtime on that group."""
+    """Collective over vLLM's TP group, once per process: the op's runtime on that group,
+    whose vendor all-reduce (the decode path, ``stock``) is vLLM's own."""
     global _configured
-    from vllm.distributed import get_tp_group
+    from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
 
     from backends.world import from_process_group
     from overlap.runtime import configure
@@ -188,7 +189,8 @@ def _configure_on_tp_group(settings: OverlapSettings) -> None:
     device = torch.device(tp.device)
     # NCCL/RCCL for GPU ranks (symmetric memory rendezvous); gloo for CPU ranks.
     group = tp.device_group if device.type == "cuda" else tp.cpu_group
-    configure(from_process_group(group, device, vllm_tp=True), settings)
+    world = from_process_group(group, device, all_reduce=tensor_model_parallel_all_reduce)
+    configure(world, settings)
     _configured = (tp, settings)
 
 

@@ -8,13 +8,13 @@ every affected rank raised; after ``resync()`` a good call must be right again.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import torch.distributed as dist
 
 import overlap
+from backends.envs import BackendSettings
 from backends.world import World
 from overlap.config import OverlapSettings
 from world_jobs import reference, rel_rms, shard
@@ -28,11 +28,8 @@ def _runtime(world: World, backend: str, timeout_ms: float) -> overlap.OverlapRu
     """A runtime whose buffers are grown by one good call on every rank (growth is a
     collective of the world's memory: a late rank would be waited for there, unbounded
     by the spin bound, instead of in the flags)."""
-    os.environ["RADIANCE_AR_SPIN_TIMEOUT_MS"] = str(timeout_ms)
-    try:
-        rt = overlap.build(world, OverlapSettings(True, backend, MIN_M, SLICES))
-    finally:
-        del os.environ["RADIANCE_AR_SPIN_TIMEOUT_MS"]
+    rt = overlap.build(world, OverlapSettings(True, backend, MIN_M, SLICES,
+                                              BackendSettings(spin_timeout_ms=timeout_ms)))
     warm = _call(rt, world, 64, 64, seed=0)
     assert "error" not in warm and warm["rel"] <= warm["bound"], warm
     dist.barrier(group=world.group)

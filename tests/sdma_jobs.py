@@ -8,7 +8,6 @@ order, rounded once -- independent of the backend's torch and Triton reduces.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import time
 
@@ -17,6 +16,7 @@ import torch
 
 import overlap
 import world_jobs
+from backends.envs import BackendSettings
 from backends.sdma import SdmaBackend
 from backends.world import World
 from overlap.config import OverlapSettings
@@ -50,7 +50,7 @@ def digest(t: torch.Tensor) -> str:
 def exact_job(world: World, schedule: str, shapes: list, slices: int, seed: int,
               staged: bool) -> list:
     """For each (rows, cols): the AR of this rank's input, slice by slice, + bytes pulled."""
-    be = SdmaBackend(world, schedule=schedule)
+    be = SdmaBackend(world, BackendSettings(sdma_schedule=schedule))
     results = []
     for call, (rows, cols) in enumerate(shapes):
         be.ensure_capacity(rows, cols, DT)
@@ -73,7 +73,7 @@ def exact_job(world: World, schedule: str, shapes: list, slices: int, seed: int,
 
 def long_job(world: World, schedule: str, calls: int, seed: int) -> dict:
     """``calls`` consecutive ARs of varying shape, slicing, staging and timing; checks each."""
-    be = SdmaBackend(world, schedule=schedule)
+    be = SdmaBackend(world, BackendSettings(sdma_schedule=schedule))
     plan = random.Random(seed)  # same plan on every rank
     jitter = random.Random(seed * 31 + world.rank)  # per-rank timing noise
     bad, hashes = [], []
@@ -105,18 +105,11 @@ def op_job(world: World, schedule: str, rows: int, cols: int, k: int, slice_coun
     """radiance::linear_ar's body through the sdma backend, for each slice count."""
     x, w = world_jobs.shard(seed, world.rank, rows, cols, k)
     outs = []
-    old = os.environ.get("RADIANCE_AR_SDMA_SCHEDULE")
-    os.environ["RADIANCE_AR_SDMA_SCHEDULE"] = schedule
-    try:
-        for s in slice_counts:
-            rt = overlap.build(world, OverlapSettings(True, "sdma", 1, s))
-            assert rt.backend.schedule == schedule
-            outs.append(overlap.forward(rt, x, w, None, "bf16"))
-            outs.append(overlap.forward(rt, x, w, None, "bf16"))  # reuse of the same buffers
-            rt.close()
-    finally:
-        if old is None:
-            del os.environ["RADIANCE_AR_SDMA_SCHEDULE"]
-        else:
-            os.environ["RADIANCE_AR_SDMA_SCHEDULE"] = old
+    knobs = BackendSettings(sdma_schedule=schedule)
+    for s in slice_counts:
+        rt = overlap.build(world, OverlapSettings(True, "sdma", 1, s, knobs))
+        assert rt.backend.schedule == schedule
+        outs.append(overlap.forward(rt, x, w, None, "bf16"))
+        outs.append(overlap.forward(rt, x, w, None, "bf16"))  # reuse of the same buffers
+        rt.close()
     return outs

@@ -27,6 +27,43 @@ def test_defaults():
     s = from_env({})
     assert s == OverlapSettings(enabled=False, backend="stock", min_m=2048, slices=4)
     assert envs.snapshot({})["RADIANCE_AR_SDMA_SCHEDULE"] == "auto"
+    assert s.backend_settings == envs.BackendSettings() == envs.BackendSettings(1000.0, "auto", 32)
+
+
+def test_backend_settings_come_from_the_environment_once():
+    env = {"RADIANCE_AR_SPIN_TIMEOUT_MS": "250", "RADIANCE_AR_SDMA_SCHEDULE": " twoshot",
+           "RADIANCE_AR_ONESHOT_CTAS": "36"}
+    knobs = envs.BackendSettings.from_env(env)
+    assert knobs == envs.BackendSettings(spin_timeout_ms=250.0, sdma_schedule="twoshot",
+                                         oneshot_ctas=36)
+    assert from_env(env).backend_settings == knobs
+    assert set(envs.BackendSettings.KNOB_OF.values()) <= set(envs.KNOBS)
+    with pytest.raises(ValueError, match="RADIANCE_AR_SDMA_SCHEDULE='ring'"):
+        envs.BackendSettings.from_env({"RADIANCE_AR_SDMA_SCHEDULE": "ring"})
+
+
+#: per field: values the settings' constructor refuses (the knobs' bounds, and wrong types)
+BAD_SETTINGS = {
+    "spin_timeout_ms": [0, 0.5, 600_000.5, float("nan"), float("inf"), -1, True, "1000", None],
+    "sdma_schedule": ["ring", "", " oneshot", None],
+    "oneshot_ctas": [0, 1025, -1, 2.0, True, "32", None],
+}
+
+
+@pytest.mark.parametrize("field,value", [(f, v) for f, vs in BAD_SETTINGS.items() for v in vs])
+def test_backend_settings_refuse_what_the_knob_refuses(field, value):
+    with pytest.raises(ValueError) as e:
+        envs.BackendSettings().replace(**{field: value})
+    assert f"{field}={value!r}" in str(e.value)
+    assert envs.BackendSettings.KNOB_OF[field] in str(e.value)
+
+
+def test_backend_settings_take_the_knobs_bounds_and_are_frozen():
+    lo = envs.BackendSettings(spin_timeout_ms=1, oneshot_ctas=1, sdma_schedule="oneshot")
+    hi = envs.BackendSettings(spin_timeout_ms=600_000, oneshot_ctas=1024)
+    assert (lo.spin_timeout_ms, type(lo.spin_timeout_ms), hi.oneshot_ctas) == (1.0, float, 1024)
+    with pytest.raises(AttributeError):
+        lo.oneshot_ctas = 2
 
 
 @pytest.mark.parametrize("name,raw", [(n, v) for n, vs in BAD_VALUES.items() for v in vs])
@@ -159,3 +196,20 @@ def test_every_knob_strips_whitespace_before_parsing(name, raw, value):
 
 def test_an_empty_bool_is_off():
     assert envs.get("RADIANCE_AR_OVERLAP", {"RADIANCE_AR_OVERLAP": ""}) is False
+
+
+def test_backends_that_wait_on_peers_say_so():
+    waiting = [n for n in backends.names() if backends.get(n).waits_on_peers]
+    assert waiting == ["sdma", "sdma_wht6", "oneshot_wht6"]
+
+
+def test_the_runtime_hands_its_backend_settings_to_the_backends():
+    import overlap
+    from backends.world import single_world
+
+    knobs = envs.BackendSettings(spin_timeout_ms=300, oneshot_ctas=4)
+    rt = overlap.build(single_world(), OverlapSettings(True, "oneshot_wht6", 1, 2, knobs))
+    assert rt.backend.settings is knobs and (rt.backend.ctas, rt.backend.timeout_ms) == (4, 300.0)
+    assert rt.stock.settings is knobs
+    sdma = overlap.build(single_world(), OverlapSettings(True, "sdma_wht6", 1, 2, knobs)).backend
+    assert sdma.schedule == "oneshot" and sdma.settings.spin_timeout_ms == 300.0

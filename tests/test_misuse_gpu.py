@@ -5,14 +5,13 @@ scenario (one rank on the decode path) exists only in CPU worlds (tests/test_mis
 Every call either raises (at the call, or at ``check()``, the host-side bound) or is
 right; after ``check()`` and ``resync()`` on every rank a fresh call is right again."""
 
-import os
-
 import pytest
 import torch
 
 import overlap
 import world_jobs
 from backends.call_contract import CollectiveError
+from backends.envs import BackendSettings
 from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
 from overlap.slicing import slice_bounds
@@ -25,12 +24,9 @@ BACKENDS = world_jobs.waiting_backends()
 
 
 def runtimes(backend):
-    os.environ["RADIANCE_AR_SPIN_TIMEOUT_MS"] = str(BOUND_MS)
-    try:
-        rts = [overlap.build(w, OverlapSettings(True, backend, MIN_M, SLICES))
-               for w in emulated_worlds(2, DEV)]
-    finally:
-        del os.environ["RADIANCE_AR_SPIN_TIMEOUT_MS"]
+    settings = OverlapSettings(True, backend, MIN_M, SLICES,
+                               BackendSettings(spin_timeout_ms=BOUND_MS))
+    rts = [overlap.build(w, settings) for w in emulated_worlds(2, DEV)]
     streams = [torch.cuda.Stream(DEV) for _ in rts]
     for rt in rts:  # every rank sized and compiled before any stream can wait on a peer
         rt.backend.ensure_capacity(128, N, torch.bfloat16)

@@ -14,6 +14,7 @@ from interpreter import run_under_interpreter  # noqa: E402
 import oneshot_jobs as jobs  # noqa: E402
 import world_jobs  # noqa: E402
 import overlap  # noqa: E402
+from backends.envs import BackendSettings  # noqa: E402
 from backends.oneshot_wht6 import OneshotWht6Backend  # noqa: E402
 from backends.signals import PeerTimeoutError  # noqa: E402
 from backends.world import World, emulated_worlds, single_world  # noqa: E402
@@ -91,14 +92,15 @@ def test_single_rank_is_a_copy():
 
 
 def test_arguments_are_checked(monkeypatch):
-    with pytest.raises(ValueError, match="ctas"):
-        OneshotWht6Backend(single_world(), ctas=0)
+    with pytest.raises(ValueError, match=r"oneshot_ctas=0 .*in \[1, 1024\]"):
+        BackendSettings(oneshot_ctas=0)
     with pytest.raises(ValueError, match="spin_timeout_ms"):
-        OneshotWht6Backend(single_world(), spin_timeout_ms=0)
+        BackendSettings(spin_timeout_ms=0)
     monkeypatch.setenv("RADIANCE_AR_ONESHOT_CTAS", "many")
     with pytest.raises(ValueError, match="RADIANCE_AR_ONESHOT_CTAS='many'"):
         OneshotWht6Backend(single_world())
-    be = OneshotWht6Backend(single_world(), ctas=4)
+    be = OneshotWht6Backend(single_world(), BackendSettings(oneshot_ctas=4))
+    assert (be.ctas, be.timeout_ms) == (4, 1000.0)  # the settings', not the environment's
     with pytest.raises(ValueError, match="max_rows"):
         be.ensure_capacity(0, 256, DT)
     with pytest.raises(TypeError, match="dtype"):
@@ -179,8 +181,8 @@ def test_fused_kernel_under_the_interpreter():
 DEV = torch.device("cuda", 0)
 
 
-def _emulated(size, **kw):
-    bes = [OneshotWht6Backend(w, **kw) for w in emulated_worlds(size, DEV)]
+def _emulated(size, **settings):
+    bes = [OneshotWht6Backend(w, BackendSettings(**settings)) for w in emulated_worlds(size, DEV)]
     return bes, [torch.cuda.Stream(DEV) for _ in bes]
 
 

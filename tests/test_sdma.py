@@ -8,6 +8,7 @@ import torch
 
 import sdma_jobs as jobs
 import world_jobs  # noqa: E402
+from backends.envs import BackendSettings
 from backends.sdma import SdmaBackend, auto_schedule, shard_bounds
 from backends.world import single_world
 from overlap.slicing import slice_bounds
@@ -39,7 +40,8 @@ def test_exact_identical_and_wire_bytes(cpu_world, size):
 
 
 def _wire(schedule, numel, size):
-    return SdmaBackend(single_world(), schedule=schedule).wire_bytes(numel, size)
+    return SdmaBackend(single_world(), BackendSettings(sdma_schedule=schedule)).wire_bytes(
+        numel, size)
 
 
 def test_wire_bytes_exact_when_even(cpu_world):
@@ -100,11 +102,19 @@ def test_auto_rule_and_shards():
             assert max(sizes) - min(sizes) <= 8 + (numel % 8), (numel, w, sizes)
 
 
-def test_schedule_and_timeout_arguments_are_checked():
-    with pytest.raises(ValueError, match="schedule 'ring'"):
-        SdmaBackend(single_world(), schedule="ring")
-    with pytest.raises(ValueError, match="spin_timeout_ms"):
-        SdmaBackend(single_world(), spin_timeout_ms=0)
+def test_schedule_and_timeout_settings_are_checked():
+    with pytest.raises(ValueError, match="sdma_schedule='ring'.*one of auto, oneshot, twoshot"):
+        BackendSettings(sdma_schedule="ring")
+    with pytest.raises(ValueError, match="sdma_schedule='ring'"):
+        SdmaBackend(single_world(), schedule="ring")  # a fixed schedule is checked alike
+    with pytest.raises(ValueError, match=r"spin_timeout_ms=0 .*in \[1, 600000\]"):
+        BackendSettings(spin_timeout_ms=0)
+    with pytest.raises(TypeError, match="settings must be a backends.envs.BackendSettings"):
+        SdmaBackend(single_world(), "twoshot")
+    be = SdmaBackend(single_world(), BackendSettings(sdma_schedule="twoshot",
+                                                     spin_timeout_ms=300))
+    assert be.schedule == "twoshot"
+    assert SdmaBackend(single_world(), be.settings, schedule="oneshot").schedule == "oneshot"
     with pytest.raises(ValueError, match="RADIANCE_AR_SDMA_SCHEDULE='fast'"):
         import backends.envs as envs
         envs.get("RADIANCE_AR_SDMA_SCHEDULE", {"RADIANCE_AR_SDMA_SCHEDULE": "fast"})

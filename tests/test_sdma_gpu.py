@@ -12,6 +12,7 @@ import torch  # noqa: E402
 import overlap  # noqa: E402
 import sdma_jobs as jobs  # noqa: E402
 import world_jobs  # noqa: E402
+from backends.envs import BackendSettings  # noqa: E402
 from backends.sdma import SdmaBackend  # noqa: E402
 from backends.signals import PeerTimeoutError  # noqa: E402
 from backends.world import emulated_worlds  # noqa: E402
@@ -46,7 +47,8 @@ def _shapes(seed, count):
 @pytest.mark.parametrize("size", [2, 4])
 @pytest.mark.parametrize("schedule", ["oneshot", "twoshot"])
 def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, release):
-    bes = [SdmaBackend(w, schedule=schedule) for w in emulated_worlds(size, DEV)]
+    bes = [SdmaBackend(w, BackendSettings(sdma_schedule=schedule))
+           for w in emulated_worlds(size, DEV)]
     release.extend(bes)
     streams = [torch.cuda.Stream(DEV) for _ in bes]
     plan = random.Random(size)
@@ -80,8 +82,7 @@ def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, relea
 
 
 @pytest.mark.parametrize("size,schedule", [(2, "oneshot"), (4, "twoshot")])
-def test_emulated_ranks_through_the_op(size, schedule, monkeypatch, release):
-    monkeypatch.setenv("RADIANCE_AR_SDMA_SCHEDULE", schedule)
+def test_emulated_ranks_through_the_op(size, schedule, release):
     rows, cols, k, seed = 257, 384, 512, 3
     ref = world_jobs.reference(seed, size, rows, cols, k)
     worlds = emulated_worlds(size, DEV)
@@ -91,8 +92,10 @@ def test_emulated_ranks_through_the_op(size, schedule, monkeypatch, release):
         x, w = world_jobs.shard(seed, r, rows, cols, k)
         inputs.append((x.to(DEV), w.to(DEV)))
     for s in (1, 2, 3, 4, 7):
-        rts = [overlap.build(wd, OverlapSettings(True, "sdma", 1, s)) for wd in worlds]
+        settings = OverlapSettings(True, "sdma", 1, s, BackendSettings(sdma_schedule=schedule))
+        rts = [overlap.build(wd, settings) for wd in worlds]
         for r, rt in enumerate(rts):
+            assert rt.backend.schedule == schedule
             release.append(rt.backend)
             with torch.cuda.stream(streams[r]):
                 rt.backend.ensure_capacity(rows, cols, DT)
@@ -113,8 +116,8 @@ def test_emulated_ranks_through_the_op(size, schedule, monkeypatch, release):
 
 
 def test_missing_peer_is_reported_and_the_gpu_released(release):
-    bes = [SdmaBackend(w, schedule="oneshot", spin_timeout_ms=300) for w in
-           emulated_worlds(2, DEV)]
+    settings = BackendSettings(sdma_schedule="oneshot", spin_timeout_ms=300)
+    bes = [SdmaBackend(w, settings) for w in emulated_worlds(2, DEV)]
     release.extend(bes)
     for be in bes:
         be.ensure_capacity(8, 64, DT)

@@ -36,3 +36,27 @@ def test_sliced_pipeline_equals_unsliced_for_every_slice_count(cpu_world, size):
             # the same order whatever the slice: the bits must not move.
             assert torch.equal(r["outs"][s], unsliced), f"rank {rank}, S={s}"
             assert torch.equal(r["outs"][s], results[0]["outs"][s]), f"rank {rank} != rank 0"
+
+
+def test_stock_uses_the_worlds_vendor_all_reduce():
+    """A world that carries a vendor collective (vLLM's, inside vLLM) needs no process
+    group: stock calls it, and never torch.distributed."""
+    import backends
+    from backends.peer_memory import LocalMemory
+    from backends.world import World
+
+    calls = []
+
+    def vendor(t):
+        calls.append(t.shape)
+        return t * 2  # two ranks holding the same tensor
+
+    cpu = torch.device("cpu")
+    stock = backends.get("stock")
+    assert "needs a process group" in stock.unsupported_reason(World(0, 2, cpu, LocalMemory(cpu)))
+    world = World(0, 2, cpu, LocalMemory(cpu), all_reduce=vendor)
+    assert stock.unsupported_reason(world) is None
+    x = torch.arange(6.0).view(2, 3)
+    out = torch.full_like(x, float("nan"))
+    stock(world).all_reduce(x, out)
+    assert calls == [(2, 3)] and torch.equal(out, 2 * x)

@@ -421,6 +421,7 @@ def real_install_job(world, backend: str) -> dict:
     os.environ.setdefault("VLLM_DIST_IDENT", f"radiance-ar-test-{os.getppid()}")
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
+    from vllm.distributed import tensor_model_parallel_all_reduce
 
     res: dict = {}
     with set_current_vllm_config(VllmConfig()):
@@ -443,7 +444,9 @@ def real_install_job(world, backend: str) -> dict:
             res["lora_left"] = lora.left
             report = vi.install(m, settings=settings)
             rt = overlap.current()
-            res["runtime"] = (rt.backend.name, rt.world.vllm_tp, rt.world.size, rt.settings)
+            # The world's vendor all-reduce is vLLM's (stock and the decode path call it).
+            vendor = rt.world.all_reduce is tensor_model_parallel_all_reduce
+            res["runtime"] = (rt.backend.name, vendor, rt.world.size, rt.settings)
             res.update(routed=report.routed, left=report.left, summary=report.summary())
             res["again"] = vi.install(m, settings=settings).already
             res["outputs"] = {}

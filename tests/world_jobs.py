@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import overlap
+from backends.envs import BackendSettings
 from backends.interface import Backend, check_slice, refuse_growth_in_capture
 from backends.peer_memory import typed_view
 from backends.world import World
@@ -43,8 +44,8 @@ class PeerSumBackend(Backend):
     bit_exact = True
     peer_visible_input = True
 
-    def __init__(self, world: World):
-        super().__init__(world)
+    def __init__(self, world: World, settings: BackendSettings | None = None):
+        super().__init__(world, settings)
         self.buffer = None
 
     def ensure_capacity(self, max_rows, cols, dtype):
@@ -97,13 +98,11 @@ def pipeline_job(world: World, rows: int, cols: int, k: int, slices_list: list[i
 
 
 def waiting_backends() -> list[str]:
-    """Registered backends whose waits carry their own spin bound (``spin_timeout_ms``)."""
-    import inspect
-
+    """Registered backends whose waits carry their own spin bound (``waits_on_peers``:
+    ``settings.spin_timeout_ms`` bounds them)."""
     import backends
 
-    return [n for n in backends.names()
-            if "spin_timeout_ms" in inspect.signature(backends.get(n)).parameters]
+    return [n for n in backends.names() if backends.get(n).waits_on_peers]
 
 
 def missing_peer_then_resync_job(world: World, backend: str, timeout_ms: float) -> dict:
@@ -116,7 +115,7 @@ def missing_peer_then_resync_job(world: World, backend: str, timeout_ms: float) 
     import backends
     from backends.signals import PeerTimeoutError
 
-    be = backends.get(backend)(world, spin_timeout_ms=timeout_ms)
+    be = backends.get(backend)(world, BackendSettings(spin_timeout_ms=timeout_ms))
     rows, cols = 4, 256  # 256 columns: one block of the wht6 codec
     be.ensure_capacity(rows, cols, torch.bfloat16)
     res = {"elapsed": None, "message": None}

@@ -24,6 +24,7 @@ import link
 import metrics
 import overlap
 import timeline
+from backends.envs import BackendSettings
 from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
 from overlap.op import forward
@@ -39,7 +40,7 @@ def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
 
 def verify(case: Case, size: int, device: torch.device) -> dict:
     worlds = emulated_worlds(size, device)
-    settings = OverlapSettings(True, case.backend, 1, case.slices)
+    settings = OverlapSettings(True, case.backend, 1, case.slices, BackendSettings.from_env())
     runtimes = [overlap.build(w, settings) for w in worlds]
     data = [shard(case, rank, device) for rank in range(size)]
     bounds = slice_bounds(case.rows, case.slices)
@@ -87,8 +88,9 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     if not record["correct"]:
         return record
     world = emulated_worlds(size, device)[0]
-    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices))
-    serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1))
+    knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
+    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs))
+    serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1, knobs))
     backend = rt.backend
     x, w = shard(case, 0, device)
     xs = [x] + [x.clone() for _ in range(gpu_timing.copies_for(x) - 1)]

@@ -102,9 +102,11 @@ def _median_ms(fn, reps: int = 10) -> float:
 
 def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
     out = []
+    settings = envs.BackendSettings.from_env()  # the spin bound; each schedule in turn
     for size in (2, 4):
         for schedule in ("oneshot", "twoshot"):
-            be = SdmaBackend(emulated_worlds(size, DEV)[0], schedule=schedule)
+            be = SdmaBackend(emulated_worlds(size, DEV)[0],
+                             settings.replace(sdma_schedule=schedule))
             be.ensure_capacity(rows, cols, torch.bfloat16)
             be.fill_passive_peers()
             y = be.acquire_input_view(rows, cols, torch.bfloat16)
@@ -125,7 +127,7 @@ def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
     c = torch.empty(rows, cols, device=DEV, dtype=torch.bfloat16)
     gemm = lambda: torch.mm(a, w.t(), out=c)  # noqa: E731
     alone = _median_ms(gemm, 20)
-    be = SdmaBackend(emulated_worlds(4, DEV)[0], schedule="oneshot")
+    be = SdmaBackend(emulated_worlds(4, DEV)[0], settings.replace(sdma_schedule="oneshot"))
     be.ensure_capacity(rows, cols, torch.bfloat16)
     be.fill_passive_peers()
     y = be.acquire_input_view(rows, cols, torch.bfloat16)

@@ -90,7 +90,8 @@ def soak_job(world, backend: str, calls: int, seconds: float, max_m: int, cols: 
     reason = backends.get(backend).unsupported_reason(world)
     if reason is not None:
         return {"backend": backend, "skipped": reason}
-    rt = overlap.build(world, OverlapSettings(True, backend, min_m, slices))
+    rt = overlap.build(world, OverlapSettings(True, backend, min_m, slices,
+                                              envs.BackendSettings.from_env()))
     wgen = torch.Generator().manual_seed(seed * 31 + world.rank)
     w = (torch.randn(cols, k, generator=wgen) / k ** 0.5).to(torch.bfloat16)
     x_all = torch.randn(max_m, k, generator=wgen).to(torch.bfloat16)
@@ -128,7 +129,8 @@ def emulated_soak(backend: str, size: int, device: torch.device, calls: int, sec
     reason = backends.get(backend).unsupported_reason(worlds[0])
     if reason is not None:
         return {"backend": backend, "skipped": reason}
-    rts = [overlap.build(w, OverlapSettings(True, backend, 1, slices)) for w in worlds]
+    settings = OverlapSettings(True, backend, 1, slices, envs.BackendSettings.from_env())
+    rts = [overlap.build(w, settings) for w in worlds]
     data = []
     for rank in range(size):
         g = torch.Generator().manual_seed(seed * 31 + rank)

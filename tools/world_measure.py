@@ -26,6 +26,7 @@ import link
 import metrics
 import overlap
 import timeline
+from backends.envs import BackendSettings
 from backends.world import World
 from overlap.config import OverlapSettings
 from overlap.op import forward
@@ -100,8 +101,9 @@ def digest(t: torch.Tensor) -> int:
 
 def measure(world: World, case: Case) -> dict:
     """Collective. A record (rank 0's timings; errors and digests of every rank)."""
-    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices))
-    stock = overlap.build(world, OverlapSettings(True, "stock", 1, 1))
+    knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
+    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs))
+    stock = overlap.build(world, OverlapSettings(True, "stock", 1, 1, knobs))
     try:
         return _measure(world, case, rt, stock)
     finally:
