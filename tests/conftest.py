@@ -6,12 +6,18 @@ started once per pytest run and closed at the end (a process start costs seconds
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 
 from backends import envs
 from harness.cpu_world import CpuWorldPool
 
+# The tools are scripts (run as ``python tools/x.py``, their folder first on the path), not
+# a package: the tests import their modules the same way, from one place.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 envs.prepare_cuda_for_emulated_ranks()  # the GPU tests drive emulated ranks; before CUDA starts
 
 

@@ -2,7 +2,6 @@
 emulated ranks on one GPU), the decode path per backend."""
 
 import os
-import sys
 import time
 
 import pytest
@@ -13,8 +12,7 @@ import backends
 import world_jobs
 from harness.cpu_world import CpuWorldPool, WorldError
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-import soak  # noqa: E402
+import soak
 
 
 def die_on_rank_1(world):

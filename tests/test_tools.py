@@ -4,21 +4,17 @@ output-path checks, timeline writing from synthetic events, and one quick CPU-wo
 import csv
 import json
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-
-import compare_backends  # noqa: E402
-import gpu_timing  # noqa: E402
-import link  # noqa: E402
-import metrics  # noqa: E402
-import report  # noqa: E402
-import soak  # noqa: E402
-import timeline  # noqa: E402
+import compare_backends
+import gpu_timing
+import link
+import metrics
+import report
+import soak
+import timeline
 
 
 def test_hidden_fraction_endpoints():

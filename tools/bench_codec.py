@@ -24,10 +24,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from backends import wht6  # noqa: E402
 from backends.wht6 import baseline_int6  # noqa: E402
 

@@ -28,7 +28,6 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import backends  # noqa: E402
 from backends import envs  # noqa: E402

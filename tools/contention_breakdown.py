@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import backends  # noqa: E402
 import gpu_timing  # noqa: E402

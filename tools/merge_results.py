@@ -15,7 +15,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import report  # noqa: E402
 from compare_backends import baseline_of  # noqa: E402

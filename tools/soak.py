@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from typing import Callable
@@ -32,7 +31,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import backends  # noqa: E402
 import metrics  # noqa: E402
