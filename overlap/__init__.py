@@ -3,13 +3,14 @@
     >>> import overlap
     >>> overlap.configure(world)                       # collective, once per process
     >>> out = torch.ops.radiance.linear_ar(x, w, None, "bf16")
+    >>> overlap.shutdown()                             # collective: release its memory
 
 See :mod:`overlap.op` for what the op does and :mod:`overlap.pipeline` for the timeline.
 """
 
 from overlap.config import OverlapSettings, from_env
 from overlap.op import forward, linear_ar
-from overlap.runtime import OverlapRuntime, build, configure, current
+from overlap.runtime import OverlapRuntime, build, configure, current, shutdown
 
 __all__ = ["OverlapRuntime", "OverlapSettings", "build", "configure", "current", "forward",
-           "from_env", "linear_ar"]
+           "from_env", "linear_ar", "shutdown"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 
 import backends
@@ -80,7 +80,49 @@ class OverlapRuntime:
             self._stock.close()
 
 
-_current: OverlapRuntime | None = None
+class ProcessRuntime:
+    """The one runtime the op uses in this process, and its lifetime.
+
+    - Who builds it: :meth:`configure` (collective over the world's ranks). The vLLM
+      installer calls it once per process on vLLM's TP group; tests and tools call
+      :func:`overlap.configure` directly.
+    - ``configure`` twice: with the same ``key`` and settings it returns the runtime it
+      has (the installer runs once per model load, possibly more than once); otherwise it
+      closes the runtime it has (collective where its memory is) and builds a new one.
+    - Who closes it: :meth:`shutdown` (collective), or the next ``configure``. A process
+      that exits without either releases its memory with the process.
+    """
+
+    def __init__(self) -> None:
+        self._runtime: OverlapRuntime | None = None
+        self._key: tuple[Any, OverlapSettings | None] | None = None
+
+    def is_configured_for(self, key: Any, settings: OverlapSettings | None) -> bool:
+        return self._runtime is not None and self._key == (key, settings)
+
+    def configure(self, world: World, settings: OverlapSettings | None = None,
+                  key: Any = None) -> OverlapRuntime:
+        if key is not None and self.is_configured_for(key, settings):
+            return self._runtime
+        self.shutdown()
+        self._runtime = build(world, settings)
+        self._key = (key, settings)
+        return self._runtime
+
+    def current(self) -> OverlapRuntime:
+        if self._runtime is None:
+            raise RuntimeError("radiance::linear_ar has no runtime in this process: call "
+                               "overlap.configure(world) first (the vLLM installer does)")
+        return self._runtime
+
+    def shutdown(self) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
+        self._runtime, self._key = None, None
+
+
+#: the op's state in this process (a torch custom op takes no Python objects)
+PROCESS = ProcessRuntime()
 
 
 def build(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
@@ -92,16 +134,15 @@ def build(world: World, settings: OverlapSettings | None = None) -> OverlapRunti
 
 
 def configure(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
-    """Collective: build this process's runtime and make the op use it."""
-    global _current
-    if _current is not None:
-        _current.close()
-    _current = build(world, settings)
-    return _current
+    """Collective: build this process's runtime and make the op use it (closing any
+    earlier one: see :class:`ProcessRuntime`)."""
+    return PROCESS.configure(world, settings)
 
 
 def current() -> OverlapRuntime:
-    if _current is None:
-        raise RuntimeError("radiance::linear_ar has no runtime in this process: call "
-                           "overlap.configure(world) first (the vLLM installer does)")
-    return _current
+    return PROCESS.current()
+
+
+def shutdown() -> None:
+    """Collective: close this process's runtime; the op refuses until ``configure``."""
+    PROCESS.shutdown()

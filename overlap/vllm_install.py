@@ -171,27 +171,23 @@ def plan(layers: Iterable[tuple[str, Any]], tp_size: int,
     return chosen
 
 
-_configured: tuple[Any, OverlapSettings] | None = None
-
-
 def _configure_on_tp_group(settings: OverlapSettings) -> None:
-    """Collective over vLLM's TP group, once per process: the op's runtime on that group,
-    whose vendor all-reduce (the decode path, ``stock``) is vLLM's own."""
-    global _configured
+    """Collective over vLLM's TP group, once per process and settings (the process runtime
+    remembers the group: :class:`overlap.runtime.ProcessRuntime`): the op's runtime on
+    that group, whose vendor all-reduce (the decode path, ``stock``) is vLLM's own."""
     from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
 
     from backends.world import from_process_group
-    from overlap.runtime import configure
+    from overlap.runtime import PROCESS
 
     tp = get_tp_group()
-    if _configured is not None and _configured[0] is tp and _configured[1] == settings:
-        return
+    if PROCESS.is_configured_for(tp, settings):
+        return  # before building a world: that would rendezvous peer memory again
     device = torch.device(tp.device)
     # NCCL/RCCL for GPU ranks (symmetric memory rendezvous); gloo for CPU ranks.
     group = tp.device_group if device.type == "cuda" else tp.cpu_group
     world = from_process_group(group, device, all_reduce=tensor_model_parallel_all_reduce)
-    configure(world, settings)
-    _configured = (tp, settings)
+    PROCESS.configure(world, settings, key=tp)
 
 
 def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,

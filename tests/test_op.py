@@ -107,7 +107,7 @@ def test_fp8_rowwise_producer_matches_quantized_reference(stock_runtime):
 
 
 def test_no_runtime_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(overlap.runtime, "_current", None)
+    monkeypatch.setattr(overlap.runtime, "PROCESS", overlap.runtime.ProcessRuntime())
     x, w = make(4)
     with pytest.raises(RuntimeError, match="overlap.configure"):
         torch.ops.radiance.linear_ar(x, w, None, "bf16")
@@ -133,3 +133,16 @@ def test_scratch_is_flat_over_300_calls_of_random_m():
         assert out.shape == (rows, w.shape[0])
     assert (rt.scratch.growths, rt.scratch.reserved_bytes()) == (growths, reserved)
     assert (world.memory.allocations, world.memory.allocated_bytes) == peer
+
+
+def test_the_process_runtime_lifetime():
+    proc = overlap.runtime.ProcessRuntime()
+    world, settings = single_world("cpu"), OverlapSettings(True, "stock", 8, 4)
+    first = proc.configure(world, settings, key="group-a")
+    assert proc.current() is first
+    assert proc.configure(world, settings, key="group-a") is first  # same key and settings
+    second = proc.configure(world, settings, key="group-b")  # another group: a new runtime
+    assert second is not first and proc.current() is second
+    proc.shutdown()
+    with pytest.raises(RuntimeError, match="overlap.configure"):
+        proc.current()
