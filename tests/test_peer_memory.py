@@ -129,6 +129,41 @@ def lone_growth_job(world):
                 left=os.listdir(directory))
 
 
+def killed_growth_job(world, marker):
+    """Rank 1 dies in the middle of a growth, right after creating its file (as a killed
+    process would); rank 0 is left in the growth's collective."""
+    if world.rank == 1:
+        create = pm._create_exclusive
+
+        def create_then_die(path):
+            fd = create(path)
+            with open(marker, "w") as f:
+                f.write(world.memory._dir)
+            os._exit(9)
+            return fd
+
+        pm._create_exclusive = create_then_die
+    world.memory.allocate("killed", 4096)
+
+
+def shm_dirs():
+    return {d for d in os.listdir("/dev/shm") if d.startswith("radiance-ar-")}
+
+
+def test_a_growth_killed_midway_leaves_nothing_behind(tmp_path):
+    before = shm_dirs()
+    marker = tmp_path / "job-dir"
+    with CpuWorldPool(2, collective_timeout_s=3) as pool:
+        with pytest.raises(Exception, match="died|failed"):
+            pool.run(killed_growth_job, str(marker), timeout_s=60)
+    job_dir = marker.read_text()
+    assert os.path.basename(job_dir) not in before
+    # The surviving rank unlinked its own file; the dead rank's file went with the job
+    # directory when rank 0 closed: nothing of the job is left in /dev/shm.
+    assert not os.path.exists(job_dir), os.listdir(job_dir)
+    assert shm_dirs() <= before
+
+
 def test_private_files_shared_data_nothing_left(cpu_world):
     out = cpu_world(2).run(private_sharing_job)
     uid = os.geteuid()
