@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+import torch
 import torch.distributed as dist
 
 import overlap
@@ -117,5 +118,37 @@ def two_threads_job(world: World, backend: str, timeout_ms: float) -> dict:
     else:
         time.sleep(0.5 * timeout_ms / 1000.0)
         res["calls"].append(_call(rt, world, 64, 32, seed=7))
+    rt.close()
+    return res
+
+
+def failed_growth_job(world: World, backend: str) -> dict:
+    """Every rank's growth fails (its peer-memory allocation raises, as a killed peer or a
+    full /dev/shm would make it): the backend must hold no buffers, refuse a call with a
+    clear error, and grow and work again afterwards."""
+    rt = _runtime(world, backend, 1000.0)
+    be, memory = rt.backend, world.memory
+    allocate = memory.allocate
+
+    def failing(name, nbytes):
+        raise OSError(f"no space for {name}")
+
+    memory.allocate = failing
+    try:
+        be.ensure_capacity(4096, N, torch.bfloat16)
+        res = {"growth": "no error"}
+    except OSError as e:
+        res = {"growth": str(e)}
+    finally:
+        memory.allocate = allocate
+    res["capacity"] = be.capacity
+    x = torch.randn(8, N).to(torch.bfloat16)
+    try:
+        be.all_reduce(x, x.clone())
+        res["call"] = "no error"
+    except ValueError as e:
+        res["call"] = str(e)
+    dist.barrier(group=world.group)
+    res["after"] = _call(rt, world, 64, 32, seed=11)
     rt.close()
     return res

@@ -86,3 +86,14 @@ def test_a_second_thread_in_flight_is_refused_and_the_first_call_is_right(pool, 
         assert "error" not in c and c["rel"] <= c["bound"], (rank, c)
         assert torch.equal(c["out"], res[0]["calls"][0]["out"])
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_growth_leaves_no_buffers_a_clear_error_and_can_grow_again(pool, backend):
+    res = pool.run(misuse_jobs.failed_growth_job, backend)
+    for rank, r in enumerate(res):
+        assert r["growth"].startswith("no space"), (rank, r["growth"])
+        assert r["capacity"] == 0, (rank, r["capacity"])
+        assert "call ensure_capacity first" in r["call"], (rank, r["call"])
+        after = r["after"]
+        assert "error" not in after and after["rel"] <= after["bound"], (rank, after)

@@ -155,10 +155,7 @@ def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     probe = World(0, args.world, torch.device("cpu"), _KindOnly("cpu-shm"), group=_GROUP)
     skipped = [{"backend": c.backend, "M": c.rows, "slices": c.slices, "correct": None,
                 "skipped": gate_reason(c.backend, probe)} for c in todo]
-    skipped = [r for r in skipped if r["skipped"] is not None]
-    for name in dict.fromkeys(r["backend"] for r in skipped):
-        print(f"skipping {name}: {next(r['skipped'] for r in skipped if r['backend'] == name)}",
-              file=sys.stderr)
+    skipped = [r for r in skipped if r["skipped"] is not None]  # listed once, at the end
     todo = [c for c in todo if c.backend not in {r["backend"] for r in skipped}]
     start = time.monotonic()
     print(f"starting {args.world} CPU ranks (gloo + shared memory) ...", file=sys.stderr,
