@@ -30,6 +30,7 @@ rank before serving again.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -90,7 +91,7 @@ class CallSignature:
         return cls(rows, cols, dtype, path, key >> 32, key & 0xFFFFFFFF)
 
     def hash32(self) -> int:
-        return zlib.crc32(repr(tuple(self.words())).encode()) & 0xFFFFFFFF
+        return _hash_words(tuple(self.words()))
 
     def hash31(self) -> int:
         """A positive 31-bit hash, for kernels that take it as an int32 argument."""
@@ -101,6 +102,13 @@ class CallSignature:
         where = "the vendor all-reduce (decode path)" if self.path == "vendor" else "the sliced path"
         key = f" of a linear with M={self.key_m}, K={self.key_k}" if self.key_m else ""
         return f"{self.rows}x{self.cols} {dt} in {where}{key}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _hash_words(words: tuple[int, ...]) -> int:
+    # Cached: a run has a few signatures (its linears' slice shapes), hashed once each,
+    # not once per slice call.
+    return zlib.crc32(repr(words).encode()) & 0xFFFFFFFF
 
 
 def host_tag(epoch: int, sig: CallSignature) -> int:

@@ -59,7 +59,7 @@ class GpuSignals(Signals):
 
     def _read(self, peer: int, word: int) -> int:
         # Flag words hold values < 2**31 in their low half (32-bit writes on NVIDIA).
-        return int(self._words[peer][word]) if self._host_visible else self._read_device_word(
+        return super()._read(peer, word) if self._host_visible else self._read_device_word(
             peer, word)
 
     def _read_device_word(self, peer: int, word: int) -> int:
@@ -104,10 +104,16 @@ class GpuSignals(Signals):
     def release(self) -> None:
         """Write every value a wait enqueued since the last :meth:`check` awaits (host-visible
         flags only): no stream stays blocked, whatever the peers did (tests' clean-up)."""
-        if self._host_visible:
-            for peer, slot, epoch, value, _ in reversed(self._awaited):
-                self._words[peer][_word(slot, epoch)] = value
+        self._write_awaited(only_unsatisfied=False)
         self._awaited.clear()
+
+    def _write_awaited(self, only_unsatisfied: bool) -> None:
+        if not self._host_visible:
+            return
+        # Later calls reuse ring slots: the earliest awaited value of a slot is written last.
+        for peer, slot, epoch, value, _ in reversed(self._awaited):
+            if not (only_unsatisfied and self._satisfied(peer, slot, epoch, value)):
+                self._np[peer][_word(slot, epoch)] = value
 
     def _drain(self) -> None:
         """Host-visible flags: release this rank's blocked stream until it has finished.
@@ -121,9 +127,7 @@ class GpuSignals(Signals):
             return
         deadline = time.monotonic() + max(10 * self.timeout_ms, 1000.0) / 1000.0
         while not self._last_event.query() and time.monotonic() < deadline:
-            for peer, slot, epoch, value, _ in self._awaited:
-                if not self._satisfied(peer, slot, epoch, value):
-                    self._words[peer][_word(slot, epoch)] = value
+            self._write_awaited(only_unsatisfied=True)
             time.sleep(5e-4)
         self._awaited.clear()
 

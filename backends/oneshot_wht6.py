@@ -183,12 +183,13 @@ class OneshotWht6Backend(Backend):
         start = time.monotonic()
         while not self._done.query():
             if (time.monotonic() - start) * 1000.0 > bound:
-                self.faults.fault = self.faults.fault or "check(): calls did not finish"
-                raise PeerTimeoutError(
+                error = PeerTimeoutError(
                     f"rank {self.world.rank}: oneshot_wht6 calls did not finish within "
                     f"{bound:.0f} ms although the kernel's spin is bounded by "
                     f"{self.timeout_ms:.0f} ms: the stream is blocked by other work or the "
                     "GPU hangs")
+                self.faults.record(error)
+                raise error
             time.sleep(5e-5)
         self._raise_recorded()
 

@@ -102,6 +102,9 @@ class Signals(abc.ABC):
         self._passive: set[int] = set()
         self._words = [flags.peer(r)[:FLAG_BYTES].view(torch.int64) for r in range(size)]
         self._host_visible = not flags.local.is_cuda
+        #: numpy views of host-visible words: a call's host reads and writes are plain
+        #: loads and stores, no torch op or allocation per call (None: device memory)
+        self._np = [w.numpy() for w in self._words] if self._host_visible else None
 
     # ------------------------------------------------------------------ calls
 
@@ -119,9 +122,8 @@ class Signals(abc.ABC):
                 error = PeerAbortedError(self._aborted_message(aborted[0], "an earlier call"))
                 self.fail(error)
                 raise error
-            own = self._words[self.rank]
-            own[_HEADER["sig"]:_HEADER["sig"] + 4] = torch.tensor(sig.words())
-            own[_HEADER["epoch"]] = self.epoch
+            self._write_header(sig)
+            self._np[self.rank][_HEADER["epoch"]] = self.epoch
         try:
             yield self.epoch
         except BaseException as e:
@@ -132,7 +134,10 @@ class Signals(abc.ABC):
         """Enter the fault state and tell the peers (abort word, where the host writes it)."""
         self.faults.record(error)
         if self._host_visible:
-            self._words[self.rank][_HEADER["abort"]] = max(self.epoch, 1)
+            self._np[self.rank][_HEADER["abort"]] = max(self.epoch, 1)
+
+    def _write_header(self, sig: CallSignature) -> None:
+        self._np[self.rank][_HEADER["sig"]:_HEADER["sig"] + 4] = sig.words()
 
     def announce_vendor_call(self, sig: CallSignature) -> None:
         """The decode path is entering the vendor collective (host-visible flags only):
@@ -141,9 +146,8 @@ class Signals(abc.ABC):
         if not self._host_visible:
             return
         self.vendor_calls += 1
-        own = self._words[self.rank]
-        own[_HEADER["sig"]:_HEADER["sig"] + 4] = torch.tensor(sig.words())
-        own[_HEADER["vendor"]] = self.vendor_calls
+        self._write_header(sig)
+        self._np[self.rank][_HEADER["vendor"]] = self.vendor_calls
 
     def check_vendor_call(self) -> None:
         """After a vendor collective: raise if a peer gave up meanwhile (its abort word)."""
@@ -186,7 +190,7 @@ class Signals(abc.ABC):
     # ------------------------------------------------------------------ state
 
     def _read(self, peer: int, word: int) -> int:
-        return int(self._words[peer][word])
+        return int(self._np[peer][word])
 
     def peer_value(self, peer: int, slot: str) -> int:
         """The word as the host reads it now (``done``: the epoch; a ring: the tag of
@@ -267,11 +271,6 @@ class Signals(abc.ABC):
 
 class CpuSignals(Signals):
     """Host flags in shared memory; bounded Python spin (see the module doc)."""
-
-    def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
-                 owner: str = "signals"):
-        super().__init__(flags, rank, size, timeout_ms, owner)
-        self._np = [w.numpy() for w in self._words]
 
     def post(self, slot: str, epoch: int, stream: int = 0) -> None:
         self._np[self.rank][_word(slot, epoch)] = epoch if slot == "done" else self.tag(epoch)
