@@ -1,0 +1,127 @@
+"""What one all-reduce call costs the HOST, against what it costs the device.
+
+In the emulated world one host thread enqueues every copy, flag and kernel of a call.
+When enqueueing a slice's call takes longer than the device needs to run it, the
+device idles between slices and slicing finer makes the op slower: a per-slice tax
+that device events alone cannot explain. This measures, for one active rank against
+passive peers (as the compare tool times it), per call of ``rows x cols`` bf16:
+
+- ``host_us``: wall time of the Python call that enqueues it (no synchronization
+  inside; the device is drained before each call so the queue never pushes back);
+- ``device_us``: device-event time of the same call;
+- with ``--profile``, the functions that take the host time (cProfile, by own time).
+
+    python -m diagnostics.host_cost --backend sdma --world 4 --rows 1024,2048 --calls 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+from backends.envs import BackendSettings
+from backends import registry
+from backends.world import emulated_worlds
+
+
+def host_and_device_us(backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
+                       calls: int, warmup: int) -> tuple[float, float]:
+    """Median host enqueue time and median device time of one call, in microseconds."""
+    for _ in range(warmup):
+        backend.all_reduce(ar_in, ar_out)
+    torch.cuda.synchronize()
+    host, device = [], []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        backend.all_reduce(ar_in, ar_out)
+        host.append((time.perf_counter() - t0) * 1e6)
+        end.record()
+        end.synchronize()
+        device.append(start.elapsed_time(end) * 1e3)
+    backend.check()
+    return statistics.median(host), statistics.median(device)
+
+
+def profile_calls(backend, ar_in: torch.Tensor, ar_out: torch.Tensor, calls: int,
+                  top: int) -> str:
+    """cProfile of ``calls`` enqueues (the device drained between them), top by own time."""
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        prof.enable()
+        backend.all_reduce(ar_in, ar_out)
+        prof.disable()
+        torch.cuda.synchronize()
+    backend.check()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def measure(name: str, size: int, rows: int, cols: int, calls: int, warmup: int,
+            profile: bool, top: int) -> dict:
+    device = torch.device("cuda", torch.cuda.current_device())
+    world = emulated_worlds(size, device)[0]
+    backend = registry.get(name)(world, BackendSettings.from_env())
+    try:
+        backend.ensure_capacity(rows, cols, torch.bfloat16)
+        backend.fill_passive_peers()
+        ar_in = (backend.acquire_input_view(rows, cols, torch.bfloat16)
+                 if backend.peer_visible_input
+                 else torch.randn(rows, cols, device=device).to(torch.bfloat16))
+        ar_in.normal_()
+        ar_out = torch.empty_like(ar_in)
+        host, dev = host_and_device_us(backend, ar_in, ar_out, calls, warmup)
+        record = {"backend": name, "W": size, "rows": rows, "cols": cols,
+                  "mib": rows * cols * 2 / 2 ** 20, "host_us": host, "device_us": dev,
+                  "host_bound": host > dev}
+        if profile:
+            record["profile"] = profile_calls(backend, ar_in, ar_out, min(calls, 50), top)
+        return record
+    finally:
+        backend.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="sdma", help="registered backend (default sdma)")
+    p.add_argument("--world", type=int, default=4, help="emulated ranks (default 4)")
+    p.add_argument("--rows", default="1024,2048", help="comma-separated slice rows")
+    p.add_argument("--cols", type=int, default=5120, help="columns (default 5120)")
+    p.add_argument("--calls", type=int, default=100, help="timed calls (default 100)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls (default 10)")
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of the calls")
+    p.add_argument("--top", type=int, default=25, help="profile lines (default 25)")
+    p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_cost: needs a CUDA/ROCm device", file=sys.stderr)
+        return 2
+    records = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        rec = measure(args.backend, args.world, rows, args.cols, args.calls, args.warmup,
+                      args.profile, args.top)
+        records.append(rec)
+        print(f"{rec['backend']} W={rec['W']} {rows}x{args.cols} ({rec['mib']:.1f} MiB): "
+              f"host {rec['host_us']:.0f} us, device {rec['device_us']:.0f} us"
+              f"{'  HOST-BOUND' if rec['host_bound'] else ''}")
+        if "profile" in rec:
+            print(rec["profile"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
