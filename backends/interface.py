@@ -27,6 +27,7 @@ from backends.world import World
 
 if TYPE_CHECKING:
     from backends.signals import Signals
+    from backends.trace import StepTrace
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -191,6 +192,15 @@ class Backend(abc.ABC):
         next call is right again. A backend without epochs of its own has nothing to put
         back (``stock``: a process group that timed out is not repaired here; build a
         fresh world)."""
+
+    def start_trace(self) -> StepTrace | None:
+        """GPU: record device events around each step (wait, copy, kernel) of the calls
+        that follow, until :meth:`stop_trace`; returns the trace, or None where the
+        backend has no steps of its own to show (its AR is one opaque call)."""
+        return None
+
+    def stop_trace(self) -> None:
+        """End what :meth:`start_trace` began (nothing where it returned None)."""
 
     def close(self) -> None:
         """Release peer-visible memory; collective where the world's memory is."""

@@ -70,6 +70,7 @@ from backends.publish_lane import PublishLane
 from backends.registry import register
 from backends.gpu_signals import GpuSignals
 from backends.signals import FLAG_BYTES, CpuSignals, Signals
+from backends.trace import StepTrace, traced
 from backends.world import KINDS, MAX_WORLD, World
 
 AUTO_TWOSHOT_MIN_BYTES = 1 << 20
@@ -157,6 +158,8 @@ class SdmaBackend(Backend):
         self._warm: set[torch.dtype] = set()  # dtypes whose reduce kernels are loaded
         #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
         self.pulled_bytes = 0
+        #: events around each step of a call (GPU; tools/timeline.py sets it for one call)
+        self.trace: StepTrace | None = None
 
     @classmethod
     def unsupported_reason(cls, world: World) -> str | None:
@@ -228,7 +231,9 @@ class SdmaBackend(Backend):
         if self.signals is not None:
             self.signals.faults.refuse_if_faulted()
             try:
-                self._fence(0, self.capacity, current_stream_handle(self.world.device))
+                stream = current_stream_handle(self.world.device)
+                with traced(self.trace, "fence", stream):
+                    self._fence(0, self.capacity, stream)
             except BaseException as e:
                 self.signals.fail(e)
                 raise
@@ -246,7 +251,7 @@ class SdmaBackend(Backend):
             if self.schedule_for(nbytes) == "oneshot":
                 ops = self._pull_all(t, off, nbytes, stream)
                 self._reduce([local if q == self.world.rank else ops[q].view(out.dtype)
-                              for q in range(self.world.size)], out.view(-1))
+                              for q in range(self.world.size)], out.view(-1), stream)
             else:
                 self._twoshot(t, off, local, out, stream)
             self._finish(t, off, nbytes, stream)
@@ -279,6 +284,18 @@ class SdmaBackend(Backend):
     def close(self) -> None:
         self._pub = self._red = self._stage = self._recv = None
         self.capacity = 0
+
+    def start_trace(self) -> StepTrace | None:
+        if self.world.device.type != "cuda" or self.world.size == 1:
+            return None
+        lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
+        if self._lane is not None:
+            lanes[self._lane.handle] = "publish lane"
+        self.trace = StepTrace(self.world.device, lanes)
+        return self.trace
+
+    def stop_trace(self) -> None:
+        self.trace = None
 
     # ------------------------------------------------------------------ timing helpers
 
@@ -364,9 +381,10 @@ class SdmaBackend(Backend):
         def publish(on: int) -> None:
             if fence is not None:
                 self._fence(*fence, on)
-            if dst is not None:
-                self.engine.copy(dst, src, on)
-            self.signals.post(slot, t, on)
+            with traced(self.trace, "publish" if slot == "ready" else "publish reduced", on):
+                if dst is not None:
+                    self.engine.copy(dst, src, on)
+                self.signals.post(slot, t, on)
 
         if self._lane is None:
             publish(stream)
@@ -374,8 +392,14 @@ class SdmaBackend(Backend):
         with self._lane.publishing(0 if slot == "ready" else 1) as lane:
             publish(lane)
 
-    def _pull(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> None:
-        self.pulled_bytes += self.engine.copy(dst, src, stream)
+    def _wait_pull(self, peer: int, slot: str, t: int, dst: torch.Tensor, src: torch.Tensor,
+                   stream: int, what: str) -> None:
+        """Wait for ``peer``'s ``slot`` flag of call ``t``, then copy ``src`` (its memory)
+        into ``dst``: one step of every pull phase."""
+        with traced(self.trace, f"wait {slot} {peer}", stream):
+            self.signals.wait(peer, slot, t, stream, what)
+        with traced(self.trace, f"pull {'reduced ' if slot == 'reduced' else ''}{peer}", stream):
+            self.pulled_bytes += self.engine.copy(dst, src, stream)
 
     def _recv_slot(self, peer: int, nbytes: int) -> torch.Tensor:
         k = (peer - self.world.rank - 1) % self.world.size  # 0..W-2
@@ -384,9 +408,9 @@ class SdmaBackend(Backend):
     def _pull_all(self, t: int, off: int, nbytes: int, stream: int) -> dict[int, torch.Tensor]:
         got = {}
         for p in self._peer_order():
-            self.signals.wait(p, "ready", t, stream, f"{self.name} one-shot all_reduce")
             got[p] = self._recv_slot(p, nbytes)
-            self._pull(got[p], self._pub.peer(p)[off:off + nbytes], stream)
+            self._wait_pull(p, "ready", t, got[p], self._pub.peer(p)[off:off + nbytes], stream,
+                            f"{self.name} one-shot all_reduce")
         self.signals.post("done", t, stream)
         return got
 
@@ -398,34 +422,37 @@ class SdmaBackend(Backend):
         what = f"{self.name} two-shot all_reduce"
         ops = {}
         for p in self._peer_order():
-            self.signals.wait(p, "ready", t, stream, what)
             ops[p] = self._recv_slot(p, (hi - lo) * e)
-            self._pull(ops[p], self._pub.peer(p)[off + lo * e:off + hi * e], stream)
+            self._wait_pull(p, "ready", t, ops[p], self._pub.peer(p)[off + lo * e:off + hi * e],
+                            stream, what)
         flat = out.view(-1)
         mine = self._red.local[off + lo * e:off + hi * e].view(out.dtype)
         operands = [local[lo:hi] if q == r else ops[q].view(out.dtype)
                     for q in range(self.world.size)]
         if self.world.kind == "gpu-symm":
             # red is this GPU's memory: the kernel writes it too (no same-device D2D copy).
-            self._reduce(operands, flat[lo:hi], also=mine)
+            self._reduce(operands, flat[lo:hi], stream, also=mine)
             self.signals.post("reduced", t, stream)
         else:
-            self._reduce(operands, flat[lo:hi])
+            self._reduce(operands, flat[lo:hi], stream)
             # host copy / emulated D2H publish (peers' shards land in flat[a:b], disjoint)
             self._post_publish(t, "reduced", mine, flat[lo:hi], stream)
         for p in self._peer_order():
-            self.signals.wait(p, "reduced", t, stream, what)
             a, b = bounds[p], bounds[p + 1]
-            self._pull(flat[a:b], self._red.peer(p)[off + a * e:off + b * e], stream)
+            self._wait_pull(p, "reduced", t, flat[a:b], self._red.peer(p)[off + a * e:off + b * e],
+                            stream, what)
         self.signals.post("done", t, stream)
 
-    def _reduce(self, operands: list[torch.Tensor], out: torch.Tensor,
+    def _reduce(self, operands: list[torch.Tensor], out: torch.Tensor, stream: int,
                 also: torch.Tensor | None = None) -> None:
+        """Sum ``operands`` into ``out`` (and ``also``) on ``stream``, the current stream."""
         if out.numel() == 0:
             return
         from backends.kernels import reduce_sum as kernel
 
-        (kernel.reduce_sum if out.is_cuda else kernel.reference_reduce_sum)(operands, out, also)
+        with traced(self.trace, "reduce", stream):
+            (kernel.reduce_sum if out.is_cuda else kernel.reference_reduce_sum)(operands, out,
+                                                                               also)
 
     def _fence(self, lo: int, hi: int, stream: int) -> None:
         """Order ``stream`` after every peer read of bytes [lo, hi) still in flight."""

@@ -30,6 +30,7 @@ from backends.interface import (check_slice, copy_unless_same, current_stream_ha
                                 refuse_growth_in_capture)
 from backends.registry import register
 from backends.sdma import SdmaBackend
+from backends.trace import traced
 from backends.world import World
 
 
@@ -87,7 +88,8 @@ class SdmaWht6Backend(SdmaBackend):
             if not self.emulated:  # the encode below writes the peer-visible buffer itself
                 self._fence(0, nbytes, stream)
             encoded = (self._stage if self.emulated else self._pub.local)[:nbytes].view(shape)
-            wht6.encode(slice_in, out=encoded)
+            with traced(self.trace, "encode", stream):
+                wht6.encode(slice_in, out=encoded)
             if self.emulated:  # the D2H publish, fenced, on the publish lane
                 self._post_publish(t, "ready", self._pub.local[:nbytes], encoded.view(-1),
                                    stream, fence=(0, nbytes))
@@ -96,7 +98,8 @@ class SdmaWht6Backend(SdmaBackend):
             pulled = self._pull_all(t, 0, nbytes, stream)
             payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
                         for q in range(self.world.size)]
-            wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
+            with traced(self.trace, "decode_accumulate", stream):
+                wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
             self._finish(t, 0, nbytes, stream)
 
     def fill_passive_peers(self) -> None:

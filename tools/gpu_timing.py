@@ -8,6 +8,8 @@ H200's L2 is 60 MB), so no call reads what the previous one left in cache.
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from typing import Callable
 
 import torch
@@ -26,9 +28,12 @@ def copies_for(t: torch.Tensor) -> int:
 
 
 def event_times(fn: Callable[[int], None], reps: int, warmup: int,
-                before: Callable[[], None] | None = None) -> list[float]:
+                before: Callable[[], None] | None = None,
+                host_ms: list[float] | None = None) -> list[float]:
     """Device time in ms of ``fn(i)`` for i = 0..reps-1, each call synchronized alone;
-    ``before()`` (e.g. a barrier across ranks) runs untimed ahead of every timed call."""
+    ``before()`` (e.g. a barrier across ranks) runs untimed ahead of every timed call.
+    ``host_ms``: also append each call's host time (the Python call that enqueues it):
+    where it reaches the device time, the device waited for the host."""
     for i in range(warmup):
         fn(i)
     torch.cuda.synchronize()
@@ -38,7 +43,10 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
             before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         fn(i)
+        if host_ms is not None:
+            host_ms.append((time.perf_counter() - t0) * 1e3)
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end))
@@ -88,3 +96,11 @@ def contention_record(samples: list[float], t_gemm: float) -> dict:
 
 def median_ms(samples: list[float]) -> tuple[float, float]:
     return metrics.median_and_spread(samples)
+
+
+def device_and_host_ms(fn: Callable[[int], None], reps: int, warmup: int,
+                       before: Callable[[], None] | None = None) -> tuple[float, float, float]:
+    """(device median, its spread, host median) of ``fn`` in ms (see :func:`event_times`)."""
+    host: list[float] = []
+    med, spread = metrics.median_and_spread(event_times(fn, reps, warmup, before, host))
+    return med, spread, statistics.median(host)

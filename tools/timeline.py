@@ -7,15 +7,23 @@ fill, a GEMM slower than an AR slice) and where the ARs run back to back. It rep
 the steps of ``overlap.op._forward`` and ``overlap.pipeline.run_sliced`` (kept in step
 by hand: change them together) because the op has no hooks for events.
 
-Events are ``{lane, slice, start_ms, end_ms}``, times relative to an event recorded on
-the caller's stream as the call starts. :func:`summarize` reduces them to the record's
-``timeline`` key; the writers produce ``timeline.json`` and one Gantt PNG per case.
+Where the backend traces its steps (:meth:`backends.interface.Backend.start_trace`:
+sdma and sdma_wht6), every wait, copy (per peer and phase), publish and kernel of each
+slice's AR is an event too, in the lane of the stream that ran it.
+
+Events are ``{lane, slice, start_ms, end_ms, host_ms}`` (steps also have a ``label``):
+device times relative to an event recorded on the caller's stream as the call starts,
+and ``host_ms``, when the host enqueued the event's start, on the same origin. A slice
+whose AR starts on the device as soon as the host enqueued it (``ar_host_lead_ms`` near
+0) waited for the host, not for its GEMM. :func:`summarize` reduces the events to the
+record's ``timeline`` key; the writers produce ``timeline.json`` and one Gantt PNG per case.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Sequence
 
 import torch
@@ -42,25 +50,33 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
         raise ValueError(f"timeline.record: x is on {x.device}; device events need a GPU")
     prod = check_inputs(x, weight, None, producer)
     device = x.device
-    spans: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] = []
+    spans: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event, float]] = []
+
+    def begin() -> tuple[torch.cuda.Event, float]:
+        return _event(), time.perf_counter()
+
+    torch.cuda.synchronize(device)  # an idle device: the origin runs as it is enqueued
     with rt.one_call_at_a_time():
         rows, cols = x.shape[0], weight.shape[0]
         backend = rt.backend
         sliced = rows >= rt.settings.min_m and backend.pipelined
+        trace = backend.start_trace() if sliced else None
         origin = _event()
         origin.record()
+        host_origin = time.perf_counter()
         out = torch.empty((rows, cols), dtype=x.dtype, device=device)
         prepared = prod.prepare(x, weight, None, rt.scratch)
         if not sliced:
-            g0, g1, a0, a1 = _event(), _event(), _event(), _event()
+            (g0, hg), g1 = begin(), _event()
             g0.record()
             prod.launch(prepared, 0, rows, out, torch.cuda.current_stream(device).cuda_stream)
             g1.record()
+            (a0, ha), a1 = begin(), _event()
             a0.record()
             with backend.vendor_call(out):
                 rt.stock.all_reduce(out, out)
             a1.record()
-            spans = [(GEMM_LANE, 0, g0, g1), (AR_LANE, 0, a0, a1)]
+            spans = [(GEMM_LANE, 0, g0, g1, hg), (AR_LANE, 0, a0, a1, ha)]
         else:
             backend.call_key = (rows, x.shape[1])
             backend.ensure_capacity(rows, cols, out.dtype)
@@ -72,24 +88,32 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
             with lanes.on_side():
                 for s in range(len(bounds) - 1):
                     a, b = bounds[s], bounds[s + 1]
-                    start, end = _event(), _event()
+                    (start, host), end = begin(), _event()
                     start.record(lanes.side)
                     prod.launch(prepared, a, b, y[a:b], lanes.side_handle)
                     end.record(lanes.side)
                     lanes.mark_side(s)
-                    spans.append((GEMM_LANE, s, start, end))
-            for s in range(len(bounds) - 1):
-                a, b = bounds[s], bounds[s + 1]
-                lanes.caller_waits(s)
-                # Recorded after the wait: the AR lane's start is when its input is ready.
-                start, end = _event(), _event()
-                start.record()
-                backend.all_reduce(y[a:b], out[a:b])
-                end.record()
-                spans.append((AR_LANE, s, start, end))
+                    spans.append((GEMM_LANE, s, start, end, host))
+            try:
+                for s in range(len(bounds) - 1):
+                    a, b = bounds[s], bounds[s + 1]
+                    lanes.caller_waits(s)
+                    # Recorded after the wait: the AR lane's start is when its input is ready.
+                    (start, host), end = begin(), _event()
+                    start.record()
+                    if trace is not None:
+                        trace.slice = s
+                    backend.all_reduce(y[a:b], out[a:b])
+                    end.record()
+                    spans.append((AR_LANE, s, start, end, host))
+            finally:
+                backend.stop_trace()
     torch.cuda.synchronize(device)
     events = [{"lane": lane, "slice": s, "start_ms": origin.elapsed_time(start),
-               "end_ms": origin.elapsed_time(end)} for lane, s, start, end in spans]
+               "end_ms": origin.elapsed_time(end), "host_ms": (host - host_origin) * 1e3}
+              for lane, s, start, end, host in spans]
+    if trace is not None:
+        events += trace.spans(origin, host_origin)
     return ("sliced" if sliced else "unsliced"), events
 
 
@@ -114,11 +138,17 @@ def summarize(events: Sequence[dict]) -> dict:
     for e in ar:
         gaps.append(e["start_ms"] - prev_end)
         prev_end = e["end_ms"]
+    steps: dict[str, float] = {}
+    for e in events:
+        if "label" in e:
+            kind = e["label"].split(" ")[0]  # wait / pull / publish / reduce / encode ...
+            steps[kind] = steps.get(kind, 0.0) + e["end_ms"] - e["start_ms"]
     return {"slices": len(ar),
             "gemm_ms": [e["end_ms"] - e["start_ms"] for e in gemm],
             "ar_ms": [e["end_ms"] - e["start_ms"] for e in ar],
             "ar_gap_ms": gaps, "ar_idle_ms": sum(gaps), "ar_idle_after_fill_ms": sum(gaps[1:]),
-            "span_ms": max(e["end_ms"] for e in events)}
+            "ar_host_lead_ms": [e["start_ms"] - e["host_ms"] for e in ar if "host_ms" in e],
+            "step_ms": steps, "span_ms": max(e["end_ms"] for e in events)}
 
 
 def format_slices(entry: dict) -> str:
@@ -127,10 +157,14 @@ def format_slices(entry: dict) -> str:
     lines = [f"timeline {entry['backend']} M={entry['M']} S={entry['S']} ({entry['path']}): "
              f"span {t['span_ms']:.3f} ms, AR idle {t['ar_idle_ms']:.3f} ms "
              f"({t['ar_idle_after_fill_ms']:.3f} after the fill)",
-             "  slice  gemm ms  ar ms  ar idle before ms"]
+             "  slice  gemm ms  ar ms  ar idle before ms  host lead ms"]
+    lead = t["ar_host_lead_ms"] or [float("nan")] * t["slices"]
     for s in range(t["slices"]):
         lines.append(f"  {s:5d}  {t['gemm_ms'][s]:7.3f}  {t['ar_ms'][s]:5.3f}  "
-                     f"{t['ar_gap_ms'][s]:17.3f}")
+                     f"{t['ar_gap_ms'][s]:17.3f}  {lead[s]:12.3f}")
+    if t["step_ms"]:
+        lines.append("  device ms per step kind: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(t["step_ms"].items())))
     return "\n".join(lines)
 
 
@@ -146,14 +180,20 @@ def write_json(path: str, header: dict, entries: list[dict]) -> None:
 
 
 def write_png(path: str, entry: dict, title: str = "") -> None:
-    """A Gantt chart of one call: one row per lane, one bar per slice, numbered."""
+    """A Gantt chart of one call: one row per lane, one bar per slice, numbered; below,
+    where the backend traced its steps, one row per stream with a bar per step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 2.6))
+    step_lanes = sorted({e["lane"] for e in entry["events"] if "label" in e})
+    rows = list(LANES) + step_lanes
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.7 * len(rows)))
     colors = {GEMM_LANE: "tab:blue", AR_LANE: "tab:orange"}
+    step_colors = {"wait": "lightgray", "pull": "tab:green", "publish": "tab:purple",
+                   "reduce": "tab:red", "encode": "tab:brown", "decode_accumulate": "tab:pink",
+                   "fence": "black"}
     for row, lane in enumerate(LANES):
         for e in lane_spans(entry["events"], lane):
             width = e["end_ms"] - e["start_ms"]
@@ -161,8 +201,19 @@ def write_png(path: str, entry: dict, title: str = "") -> None:
                            edgecolor="black", linewidth=0.5)
             ax.text(e["start_ms"] + width / 2, row, str(e["slice"]), ha="center",
                     va="center", fontsize=7)
-    ax.set_yticks(range(len(LANES)), LANES)
-    ax.set_ylim(-0.6, len(LANES) - 0.4)
+    for row, lane in enumerate(step_lanes, start=len(LANES)):
+        for e in entry["events"]:
+            if e.get("lane") == lane and "label" in e:
+                ax.broken_barh([(e["start_ms"], e["end_ms"] - e["start_ms"])], (row - 0.35, 0.7),
+                               color=step_colors.get(e["label"].split(" ")[0], "tab:gray"))
+    for kind, color in step_colors.items():
+        if step_lanes:
+            ax.plot([], [], color=color, linewidth=6, label=kind)
+    if step_lanes:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.invert_yaxis()
     ax.set_xlabel("ms from the call's start")
     ax.set_title(title or f"{entry['backend']} M={entry['M']} S={entry['S']} ({entry['path']})",
                  fontsize=9)

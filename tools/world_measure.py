@@ -56,11 +56,12 @@ def shard(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, to
     return x.to(device), w.to(device)
 
 
-def timed_ms(world: World, fn, reps: int, warmup: int) -> list[float]:
-    """Per-call times of ``fn(i)`` in ms, each call started after a barrier."""
+def timed_ms(world: World, fn, reps: int, warmup: int) -> tuple[float, ...]:
+    """(median, spread[, host median]) of ``fn(i)`` in ms, each call started after a
+    barrier: device-event times and the host's on a GPU, ``perf_counter`` on the CPU."""
     if world.device.type == "cuda":
         # The barrier runs before the start event is recorded: it is not timed.
-        return gpu_timing.event_times(fn, reps, warmup, before=world.memory.barrier)
+        return gpu_timing.device_and_host_ms(fn, reps, warmup, before=world.memory.barrier)
     for i in range(warmup):
         fn(i)
     samples = []
@@ -69,13 +70,14 @@ def timed_ms(world: World, fn, reps: int, warmup: int) -> list[float]:
         t0 = time.perf_counter()
         fn(i)
         samples.append((time.perf_counter() - t0) * 1e3)
-    return samples
+    return metrics.median_and_spread(samples)
 
 
 def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor, case: Case,
                fns: dict, timer) -> tuple[int, dict]:
-    """Time each of ``fns`` (gemm, ar, serial, ovl) with ``timer`` (fn -> median, spread)
-    into ``record`` as ``t_<key>_ms`` / ``t_<key>_spread_ms``; where the op slices, also
+    """Time each of ``fns`` (gemm, ar, serial, ovl) with ``timer`` (fn -> median, spread
+    and, on a GPU, the host's median) into ``record`` as ``t_<key>_ms`` /
+    ``t_<key>_spread_ms`` / ``t_<key>_host_ms``; where the op slices, also
     ``ar_sliced``: the AR of the whole tensor called once per row slice, as the op calls
     it. Returns (the slices the op runs: S clamped to M rows, the medians by key)."""
     bounds = slice_bounds(case.rows, case.slices)
@@ -89,9 +91,11 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
         timed.insert(2, ("ar_sliced", ar_sliced))
     times = {"ar_sliced": None}
     for key, fn in timed:
-        med, spread = timer(fn)
+        med, spread, *host = timer(fn)
         times[key] = med
         record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
+        if host:
+            record[f"t_{key}_host_ms"] = host[0]
     return len(bounds) - 1, times
 
 
@@ -156,7 +160,7 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     slices, times = time_calls(
         record, backend, ar_in, ar_out, case, {"gemm": gemm, "ar": ar, "serial": serial,
                                                "ovl": ovl},
-        lambda fn: metrics.median_and_spread(timed_ms(world, fn, case.reps, case.warmup)))
+        lambda fn: timed_ms(world, fn, case.reps, case.warmup))
     # Contention needs concurrent streams: measured on GPUs only.
     record.update({"contention": None, "contention_spread": None})
     if world.device.type == "cuda":
