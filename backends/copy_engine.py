@@ -30,6 +30,8 @@ missing package raises :class:`BindingsMissing` naming the pip package to instal
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,6 +74,31 @@ def _cuda() -> tuple[Any, Any]:
     return driver, runtime
 
 
+@dataclass(frozen=True)
+class _CudaCalls:
+    """The bound entry points and enum values of the per-step calls, resolved once: an
+    sdma slice makes about 25 of these calls, and an import statement plus three enum
+    lookups per call was a measurable share of its host time (diagnostics.host_cost)."""
+    memcpy: Any
+    memcpy_default: Any
+    write32: Any
+    write_default: Any
+    wait32: Any
+    wait_eq: Any
+    wait_geq: Any
+
+
+@functools.cache
+def _cuda_calls() -> _CudaCalls:
+    driver, runtime = _cuda()
+    wait = driver.CUstreamWaitValue_flags
+    return _CudaCalls(runtime.cudaMemcpyAsync, runtime.cudaMemcpyKind.cudaMemcpyDefault,
+                      driver.cuStreamWriteValue32,
+                      driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
+                      driver.cuStreamWaitValue32, wait.CU_STREAM_WAIT_VALUE_EQ,
+                      wait.CU_STREAM_WAIT_VALUE_GEQ)
+
+
 def _cuda_ok(result: tuple, call: str) -> tuple:
     err = result[0]
     if int(err) != 0:
@@ -82,9 +109,8 @@ def _cuda_ok(result: tuple, call: str) -> tuple:
 
 def cuda_copy(dst_ptr: int, src_ptr: int, nbytes: int, stream: int) -> None:
     """``cudaMemcpyAsync`` of ``nbytes``; kind Default lets UVA pick H2D / D2H / P2P."""
-    _, runtime = _cuda()
-    _cuda_ok(runtime.cudaMemcpyAsync(dst_ptr, src_ptr, nbytes,
-                                     runtime.cudaMemcpyKind.cudaMemcpyDefault, stream),
+    api = _cuda_calls()
+    _cuda_ok(api.memcpy(dst_ptr, src_ptr, nbytes, api.memcpy_default, stream),
              f"cudaMemcpyAsync({nbytes} B)")
 
 
@@ -94,22 +120,16 @@ def cuda_write_value(stream: int, addr: int, value: int) -> None:
     The default flag keeps the memory barrier: earlier writes of the stream (the copy
     that published a slice) are visible before the flag.
     """
-    driver, _ = _cuda()
-    _cuda_ok(driver.cuStreamWriteValue32(
-        stream, addr, value & MASK32,
-        driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuStreamWriteValue32")
+    api = _cuda_calls()
+    _cuda_ok(api.write32(stream, addr, value & MASK32, api.write_default), "cuStreamWriteValue32")
 
 
 def cuda_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
     """Later work of ``stream`` waits until the 32-bit word at ``addr`` equals ``value``
     (``equal``) or reaches it (``(int32)(*addr - value) >= 0``, a cyclic GEQ)."""
-    driver, _ = _cuda()
-    flags = driver.CUstreamWaitValue_flags
-    _cuda_ok(driver.cuStreamWaitValue32(
-        stream, addr, value & MASK32,
-        flags.CU_STREAM_WAIT_VALUE_EQ if equal else flags.CU_STREAM_WAIT_VALUE_GEQ),
-        "cuStreamWaitValue32")
+    api = _cuda_calls()
+    _cuda_ok(api.wait32(stream, addr, value & MASK32, api.wait_eq if equal else api.wait_geq),
+             "cuStreamWaitValue32")
 
 
 def cuda_device_pointer(host_ptr: int) -> int:
@@ -196,12 +216,13 @@ def bindings_reason(device: torch.device) -> str | None:
     return None
 
 
-def _as_bytes(t: torch.Tensor, label: str) -> torch.Tensor:
+def _byte_span(t: torch.Tensor, label: str) -> tuple[int, int]:
+    """(address, bytes) of a contiguous tensor (no view is made: this runs per step)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"copy: {label} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_contiguous():
         raise ValueError(f"copy: {label} must be contiguous")
-    return t.reshape(-1).view(torch.uint8)
+    return t.data_ptr(), t.numel() * t.element_size()
 
 
 class CopyEngine:
@@ -216,25 +237,22 @@ class CopyEngine:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> int:
         """Enqueue ``dst[:] = src`` (same byte count) on ``stream``; returns bytes moved."""
-        d, s = _as_bytes(dst, "dst"), _as_bytes(src, "src")
-        if d.numel() != s.numel():
-            raise ValueError(f"copy: dst has {d.numel()} B but src has {s.numel()} B")
-        nbytes = d.numel()
+        (d_ptr, nbytes), (s_ptr, s_bytes) = _byte_span(dst, "dst"), _byte_span(src, "src")
+        if nbytes != s_bytes:
+            raise ValueError(f"copy: dst has {nbytes} B but src has {s_bytes} B")
         if nbytes == 0:
             return 0
         if self.platform == "cpu":
-            cpu_copy(d, s)
+            cpu_copy(dst.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8))
         elif self.platform == "cuda":
-            cuda_copy(d.data_ptr(), s.data_ptr(), nbytes, stream)
+            cuda_copy(d_ptr, s_ptr, nbytes, stream)
         elif dst.is_cuda and src.is_cuda and dst.device != src.device:
-            hip_peer_copy(d.data_ptr(), dst.device.index, s.data_ptr(), src.device.index,
-                          nbytes, stream)
+            hip_peer_copy(d_ptr, dst.device.index, s_ptr, src.device.index, nbytes, stream)
         else:
             # Both on this device (peer memory mapped here, e.g. symmetric memory's
             # get_buffer views): NoCU, else the runtime runs a blit kernel on CUs.
             # Host memory involved: Default, which ROCm runs on SDMA unless HSA_ENABLE_SDMA=0.
-            hip_copy(d.data_ptr(), s.data_ptr(), nbytes, stream,
-                     no_cu=dst.is_cuda and src.is_cuda)
+            hip_copy(d_ptr, s_ptr, nbytes, stream, no_cu=dst.is_cuda and src.is_cuda)
         return nbytes
 
     def write_value(self, stream: int, addr: int, value: int) -> None:

@@ -7,17 +7,8 @@ short reduce kernel sums in rank order 0..W-1 with fp32 accumulation, rounded on
 (:mod:`backends.kernels.reduce_sum`): bit-exact and identical on every rank.
 
 Schedules (``settings.sdma_schedule``, from ``RADIANCE_AR_SDMA_SCHEDULE``, or the
-``schedule`` argument, which fixes one):
-
-- one-shot: pull the W-1 peer slices into local receive buffers, reduce. Sends
-  (W-1) x slice bytes per rank, one flag round trip.
-- two-shot: rank r pulls shard r (1/W of the slice, flat elements) from every peer,
-  reduces it into ``out`` and publishes it in ``red``; then pulls every peer's reduced
-  shard into ``out``. Sends 2(W-1)/W x slice bytes per rank, two flag round trips.
-- auto: one-shot when W <= 2 (both move the same bytes; one-shot has half the steps)
-  or the slice is under 1 MiB (a DMA op has a fixed dispatch cost and reaches its full
-  rate only from about 1 MiB per op: docs/history.md), else two-shot (half the bytes at
-  W = 4).
+``schedule`` argument, which fixes one): one-shot, two-shot or auto, as
+:mod:`backends.sdma_schedule` defines them.
 
 One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream
 (in the emulated world the publishes run beside it: :mod:`backends.publish_lane`)::
@@ -39,19 +30,14 @@ disjoint, so the fence runs once per op call (in ``acquire_input_view``) or wher
 mirrors ``pub``'s layout, and ``done`` is posted after the last pull of either, so the
 same fence covers it. The receive buffers are private and stream-ordered.
 
-Worlds: ``cpu-shm`` (host copies, host spin with a time bound); ``gpu-symm`` (one GPU
-per process; pub/red/flags in symmetric memory); ``gpu-emulated`` (W ranks on one GPU,
-each on its own stream; pub/red/flags in pinned host memory). In the emulated world the
-GEMM writes a private device buffer (a GEMM writing pinned host memory would run at
-PCIe speed and hold its SMs meanwhile) and the publish is a D2H copy on a copy engine;
-pulls are H2D copies, so every cross-rank byte crosses the host link. The emulated
-ranks are driven in program order from one host thread, each on its own stream, so
-rank 0's stream may block on a flag that only a LATER host call of rank 1 posts; any
-implicit device synchronization in between (a first kernel launch that loads a module,
-a cudaFree) deadlocks. Hence: ``ensure_capacity`` loads the reduce kernels, callers
-call ``ensure_capacity`` on every rank before the first ``all_reduce``, and
-``CUDA_DEVICE_MAX_CONNECTIONS`` must exceed the number of streams in play (default 8:
-streams sharing a hardware queue block each other; ROCm: ``GPU_MAX_HW_QUEUES``).
+Worlds (docs/design.md, 'Worlds'): ``cpu-shm`` (host copies and spins), ``gpu-symm``
+(buffers and flags in symmetric memory), ``gpu-emulated`` (W ranks on one GPU, buffers
+and flags in pinned host memory: the GEMM writes a private device buffer, the publish is
+a D2H copy and pulls are H2D copies, so every cross-rank byte crosses the host link).
+Emulated ranks are driven from one host thread, so a rank's stream may block on a flag
+that a LATER host call of a peer posts, and any implicit device synchronization in
+between (a first kernel load, a cudaFree) deadlocks: ``ensure_capacity`` loads the
+reduce kernels and must run on every rank before the first ``all_reduce``.
 
 ``capture_safe = False``: epochs are host integers passed by value into the wait/write
 operations, so a captured graph would replay stale epochs.
@@ -68,56 +54,19 @@ from backends.interface import (Backend, check_capacity_args, check_slice, copy_
 from backends.peer_memory import typed_view
 from backends.publish_lane import PublishLane
 from backends.registry import register
+from backends.sdma_schedule import COMPUTE_UNITS, auto_schedule, schedule_wire_bytes, shard_bounds
 from backends.gpu_signals import GpuSignals
 from backends.signals import FLAG_BYTES, CpuSignals, Signals
 from backends.trace import StepTrace, traced
 from backends.world import KINDS, MAX_WORLD, World
 
-AUTO_TWOSHOT_MIN_BYTES = 1 << 20
-SHARD_ALIGN_BYTES = 16  # two-shot shard bounds: 16-byte vectors for the reduce kernel
-MAX_PENDING = 64
-
-# (world kind, platform) -> (holds compute units while waiting?, why). False only where
-# the whole transport (waits and copies) is known to run without SMs/CUs.
-_COMPUTE_UNITS = {
-    ("cpu-shm", "cpu"): (False, "CPU world: host copies and a host spin; there is no GPU"),
-    ("single", "cpu"): (False, "one rank: a local copy"),
-    ("single", "cuda"): (False, "one rank: a local copy"),
-    ("single", "hip"): (False, "one rank: a local copy"),
-    ("gpu-emulated", "cuda"): (False, (
-        "waits: cuStreamWaitValue32 (GPU front end, no kernel); copies: D2H/H2D with pinned "
-        "host memory on copy engines. diagnostics.cu_free_check on one H200 (2026-12): the "
-        "whole transport (publish, flags, 3 pulls, 160 MiB) completed with 132/132 SMs held; "
-        "a GEMM 8192x4352x5120 ran 0.500 ms alone, 0.499 ms beside it")),
-    ("gpu-emulated", "hip"): (True, (
-        "not verified on ROCm: H2D/D2H should take SDMA (ROCm CLR code) unless "
-        "HSA_ENABLE_SDMA=0; run diagnostics.cu_free_check on the machine")),
-    ("gpu-symm", "cuda"): (True, (
-        "not verified: pulls are cudaMemcpyAsync on symmetric-memory mappings; a same-device "
-        "D2D cudaMemcpyAsync did NOT progress with every SM held on an H200, and P2P copies "
-        "were never checked here (one GPU); run diagnostics.cu_free_check on a multi-GPU box")),
-    ("gpu-symm", "hip"): (True, (
-        "not verified: hipMemcpyAsync NoCU on mapped peer memory; ROCm 7.x bugs (NoCU ignored "
-        "for P2P before rocm-systems#9100, #11318 unwritten destinations, #11510 gfx90a)")),
-}
-
-
-def auto_schedule(nbytes: int, world_size: int) -> str:
-    """The schedule ``auto`` picks for a slice of ``nbytes`` (rule in the module doc)."""
-    return "twoshot" if world_size > 2 and nbytes >= AUTO_TWOSHOT_MIN_BYTES else "oneshot"
-
-
-def shard_bounds(numel: int, world_size: int, elem_size: int) -> list[int]:
-    """Element bounds of the W two-shot shards of a flat slice (16-byte aligned, balanced)."""
-    unit = max(1, SHARD_ALIGN_BYTES // elem_size)
-    units = -(-numel // unit)
-    return [min(units * k // world_size * unit, numel) for k in range(world_size + 1)]
+MAX_PENDING = 64  # reuse-fence entries kept before the oldest is waited for
 
 
 @register("sdma")
 class SdmaBackend(Backend):
     # Class defaults; each instance refines uses_compute_units_while_waiting for its path
-    # (see _COMPUTE_UNITS and ``compute_unit_note``).
+    # (see sdma_schedule.COMPUTE_UNITS and ``compute_unit_note``).
     uses_compute_units_while_waiting = False
     capture_safe = False
     bit_exact = True
@@ -137,7 +86,7 @@ class SdmaBackend(Backend):
         self.schedule = self.settings.sdma_schedule
         timeout = self.settings.spin_timeout_ms
         self.platform = platform(world.device)
-        self.uses_compute_units_while_waiting, self.compute_unit_note = _COMPUTE_UNITS[
+        self.uses_compute_units_while_waiting, self.compute_unit_note = COMPUTE_UNITS[
             (world.kind, self.platform)]
         self.emulated = world.kind == "gpu-emulated"
         self.engine = CopyEngine(world.device) if world.size > 1 else None
@@ -186,15 +135,7 @@ class SdmaBackend(Backend):
                 else self.schedule)
 
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
-        nbytes = numel * elem_size
-        if world_size < 2:
-            return 0
-        if self.schedule == "oneshot" or (self.schedule == "auto"
-                                          and auto_schedule(nbytes, world_size) == "oneshot"):
-            return (world_size - 1) * nbytes
-        # pulled per rank: (W-1) shards of the reduce-scatter + (W-1) reduced shards;
-        # summed over ranks exactly 2 (W-1) x nbytes whatever the shard rounding.
-        return 2 * (world_size - 1) * nbytes // world_size
+        return schedule_wire_bytes(self.schedule, numel * elem_size, world_size)
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         check_capacity_args("sdma", max_rows, cols, dtype)

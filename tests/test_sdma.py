@@ -9,7 +9,8 @@ import torch
 import sdma_jobs as jobs
 import world_jobs  # noqa: E402
 from backends.envs import BackendSettings
-from backends.sdma import SdmaBackend, auto_schedule, shard_bounds
+from backends.sdma import SdmaBackend
+from backends.sdma_schedule import auto_schedule, shard_bounds
 from backends.world import single_world
 from overlap.slicing import slice_bounds
 

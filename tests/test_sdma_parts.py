@@ -134,10 +134,57 @@ def test_hip_errors_are_reported(monkeypatch):
         copy_engine.hip_write_value(0, 1, 1)
 
 
+class FakeCudaModule:
+    """Records calls like cuda-python's ``driver``/``runtime`` modules (CUresult tuples)."""
+
+    class cudaMemcpyKind:
+        cudaMemcpyDefault = _Kind("cudaMemcpyDefault", 4)
+
+    class CUstreamWriteValue_flags:
+        CU_STREAM_WRITE_VALUE_DEFAULT = 0
+
+    class CUstreamWaitValue_flags:
+        CU_STREAM_WAIT_VALUE_GEQ = 0
+        CU_STREAM_WAIT_VALUE_EQ = 1
+
+    def __init__(self, calls, err=0):
+        self.calls, self.err = calls, err
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            return (_Err(self.err),)
+        return call
+
+
+def test_cuda_calls_are_built_against_the_real_api(monkeypatch):
+    calls = []
+    fake = FakeCudaModule(calls)
+    monkeypatch.setattr(copy_engine, "_cuda", lambda: (fake, fake))
+    copy_engine._cuda_calls.cache_clear()  # the entry points are resolved once, then kept
+    try:
+        copy_engine.cuda_copy(0x1000, 0x2000, 64, 7)
+        copy_engine.cuda_write_value(7, 0x3000, 2 ** 32 + 5)
+        copy_engine.cuda_wait_value(7, 0x3000, 5, equal=False)
+        copy_engine.cuda_wait_value(7, 0x3000, 6, equal=True)
+        assert [c[0] for c in calls] == ["cudaMemcpyAsync", "cuStreamWriteValue32",
+                                         "cuStreamWaitValue32", "cuStreamWaitValue32"]
+        assert calls[0][1][:3] == (0x1000, 0x2000, 64) and calls[0][1][3].value == 4
+        assert calls[0][1][4] == 7
+        assert calls[1][1] == (7, 0x3000, 5, 0)  # the low 32 bits only
+        assert calls[2][1] == (7, 0x3000, 5, 0) and calls[3][1] == (7, 0x3000, 6, 1)
+        fake.err = 1
+        with pytest.raises(CopyEngineError, match="cuStreamWaitValue32 failed"):
+            copy_engine.cuda_wait_value(7, 0x3000, 6, equal=True)
+    finally:
+        copy_engine._cuda_calls.cache_clear()
+
+
 def test_missing_bindings_name_the_pip_package(monkeypatch):
     # The package and its submodule: an earlier import of cuda-python leaves both cached.
     for name in ("cuda", "cuda.bindings", "hip"):
         monkeypatch.setitem(sys.modules, name, None)
+    copy_engine._cuda_calls.cache_clear()
     with pytest.raises(BindingsMissing, match="pip install cuda-python"):
         copy_engine.cuda_copy(0, 0, 8, 0)
     with pytest.raises(BindingsMissing, match="pip install hip-python"):
