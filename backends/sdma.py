@@ -173,7 +173,7 @@ class SdmaBackend(Backend):
             self.signals.faults.refuse_if_faulted()
             try:
                 stream = current_stream_handle(self.world.device)
-                with traced(self.trace, "fence", stream):
+                with traced(self.trace, stream, "fence"):
                     self._fence(0, self.capacity, stream)
             except BaseException as e:
                 self.signals.fail(e)
@@ -322,7 +322,7 @@ class SdmaBackend(Backend):
         def publish(on: int) -> None:
             if fence is not None:
                 self._fence(*fence, on)
-            with traced(self.trace, "publish" if slot == "ready" else "publish reduced", on):
+            with traced(self.trace, on, "publish" if slot == "ready" else "publish reduced"):
                 if dst is not None:
                     self.engine.copy(dst, src, on)
                 self.signals.post(slot, t, on)
@@ -337,9 +337,9 @@ class SdmaBackend(Backend):
                    stream: int, what: str) -> None:
         """Wait for ``peer``'s ``slot`` flag of call ``t``, then copy ``src`` (its memory)
         into ``dst``: one step of every pull phase."""
-        with traced(self.trace, f"wait {slot} {peer}", stream):
+        with traced(self.trace, stream, "wait", slot, peer):
             self.signals.wait(peer, slot, t, stream, what)
-        with traced(self.trace, f"pull {'reduced ' if slot == 'reduced' else ''}{peer}", stream):
+        with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
             self.pulled_bytes += self.engine.copy(dst, src, stream)
 
     def _recv_slot(self, peer: int, nbytes: int) -> torch.Tensor:
@@ -391,7 +391,7 @@ class SdmaBackend(Backend):
             return
         from backends.kernels import reduce_sum as kernel
 
-        with traced(self.trace, "reduce", stream):
+        with traced(self.trace, stream, "reduce"):
             (kernel.reduce_sum if out.is_cuda else kernel.reference_reduce_sum)(operands, out,
                                                                                also)
 

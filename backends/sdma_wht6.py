@@ -88,7 +88,7 @@ class SdmaWht6Backend(SdmaBackend):
             if not self.emulated:  # the encode below writes the peer-visible buffer itself
                 self._fence(0, nbytes, stream)
             encoded = (self._stage if self.emulated else self._pub.local)[:nbytes].view(shape)
-            with traced(self.trace, "encode", stream):
+            with traced(self.trace, stream, "encode"):
                 wht6.encode(slice_in, out=encoded)
             if self.emulated:  # the D2H publish, fenced, on the publish lane
                 self._post_publish(t, "ready", self._pub.local[:nbytes], encoded.view(-1),
@@ -98,7 +98,7 @@ class SdmaWht6Backend(SdmaBackend):
             pulled = self._pull_all(t, 0, nbytes, stream)
             payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
                         for q in range(self.world.size)]
-            with traced(self.trace, "decode_accumulate", stream):
+            with traced(self.trace, stream, "decode_accumulate"):
                 wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
             self._finish(t, 0, nbytes, stream)
 

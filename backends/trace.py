@@ -40,7 +40,8 @@ class StepTrace:
 
     @contextlib.contextmanager
     def step(self, label: str, stream: int) -> Iterator[None]:
-        """Events around the work the enclosed code enqueues on ``stream``."""
+        """Events around the work the enclosed code enqueues on ``stream`` (``label``:
+        the step kind first, e.g. ``"pull 2"``; the summary groups by that first word)."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         host = time.perf_counter()
         start.record(self._stream(stream))
@@ -58,6 +59,10 @@ class StepTrace:
                 for lane, label, s, a, b, host in self._spans]
 
 
-def traced(trace: StepTrace | None, label: str, stream: int):
-    """``trace.step(label, stream)``, or nothing when tracing is off."""
-    return contextlib.nullcontext() if trace is None else trace.step(label, stream)
+_OFF = contextlib.nullcontext()  # reusable: entering it does nothing
+
+
+def traced(trace: StepTrace | None, stream: int, *label: object):
+    """``trace.step(" ".join(label), stream)``, or nothing when tracing is off (the label
+    is only built when tracing: this runs for every step of every call)."""
+    return _OFF if trace is None else trace.step(" ".join(map(str, label)), stream)
