@@ -9,7 +9,10 @@ passive peers (as the compare tool times it), per call of ``rows x cols`` bf16:
 - ``host_us``: wall time of the Python call that enqueues it (no synchronization
   inside; the device is drained before each call so the queue never pushes back);
 - ``device_us``: device-event time of the same call;
-- with ``--profile``, the functions that take the host time (cProfile, by own time).
+- with ``--profile``, the functions that take the host time (cProfile, by own time),
+  once with the device drained before each call and once for calls enqueued back to
+  back (as the op's slices are): a call that blocks the host until the device has
+  progressed shows up only in the second, as a large own time.
 
     python -m diagnostics.host_cost --backend sdma --world 4 --rows 1024,2048 --calls 100
 """
@@ -53,14 +56,17 @@ def host_and_device_us(backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
 
 
 def profile_calls(backend, ar_in: torch.Tensor, ar_out: torch.Tensor, calls: int,
-                  top: int) -> str:
-    """cProfile of ``calls`` enqueues (the device drained between them), top by own time."""
+                  top: int, back_to_back: bool) -> str:
+    """cProfile of ``calls`` enqueues, top by own time: the device drained before each
+    call, or (``back_to_back``) all enqueued in one go."""
     prof = cProfile.Profile()
     for _ in range(calls):
         prof.enable()
         backend.all_reduce(ar_in, ar_out)
         prof.disable()
-        torch.cuda.synchronize()
+        if not back_to_back:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
     backend.check()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
@@ -85,7 +91,9 @@ def measure(name: str, size: int, rows: int, cols: int, calls: int, warmup: int,
                   "mib": rows * cols * 2 / 2 ** 20, "host_us": host, "device_us": dev,
                   "host_bound": host > dev}
         if profile:
-            record["profile"] = profile_calls(backend, ar_in, ar_out, min(calls, 50), top)
+            record["profile"] = profile_calls(backend, ar_in, ar_out, min(calls, 50), top, False)
+            record["profile_back_to_back"] = profile_calls(backend, ar_in, ar_out,
+                                                           min(calls, 20), top, True)
         return record
     finally:
         backend.close()
@@ -116,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
               f"host {rec['host_us']:.0f} us, device {rec['device_us']:.0f} us"
               f"{'  HOST-BOUND' if rec['host_bound'] else ''}")
         if "profile" in rec:
-            print(rec["profile"])
+            print("-- device drained before each call\n" + rec["profile"])
+            print("-- calls back to back\n" + rec["profile_back_to_back"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
