@@ -6,7 +6,9 @@ the op owns the all-reduce on both of its paths (sliced at M >= MIN_M, stock bel
 so the layer must not reduce a second time. Every other layer is left exactly as vLLM
 built it, and the report says why. :func:`eligibility` decides, from duck-typed
 attributes and the configured backend's pure gate on N only, so the selection is
-testable without vLLM.
+testable without vLLM. Which producer computes a layer's GEMM (a kernel, or the
+layer's own quantized linear method per slice) is :mod:`overlap.vllm_routes`'s
+mapping; :func:`register_producer` adds a linear method to it.
 
 Enabling the op changes the graph torch.compile traces (vLLM's all-reduce node becomes
 our op), so vLLM's compile cache must be keyed on the flag: see
@@ -28,17 +30,21 @@ import backends
 import overlap.op  # noqa: F401 -- registers torch.ops.radiance.linear_ar
 from backends.interface import Backend
 from overlap.config import OverlapSettings, from_env
+from overlap.producer_quant import GENERIC, bind_layer, shape_carrier
+from overlap.vllm_routes import (CARRIER_ATTR, Operands, Route, device_of, plain_weight,
+                                 register_producer, route_for)
+
+__all__ = ["GENERIC", "InstallReport", "eligibility", "install", "plan", "register_producer",
+           "route", "route_for"]
 
 #: a child of vLLM's logger: inside vLLM its lines carry vLLM's format and level
 #: (VLLM_LOGGING_LEVEL); without vLLM it is an ordinary logger
 logger = logging.getLogger("vllm.radiance_ar")
 
-#: vLLM linear methods whose ``layer.weight`` a producer reads as it is, by class name
-#: (exact names: a subclass may change what ``apply`` computes)
-PRODUCERS_BY_QUANT_METHOD = {"UnquantizedLinearMethod": "bf16"}
-WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: set on a routed layer: the producer its forward passes to the op
 ROUTED_ATTR = "radiance_ar_producer"
+#: set on a routed layer: (layer) -> the op's (weight, weight_scale), read at each call
+OPERANDS_ATTR = "radiance_ar_operands"
 #: what eligibility reads; a layer without one of these is not a RowParallelLinear
 #: (a quantized layer has no ``weight``: its quant method keeps qweight, scales, ...)
 REQUIRED_ATTRS = ("bias", "reduce_results", "quant_method", "return_bias")
@@ -52,19 +58,21 @@ LORA = ("LoRA is enabled: vLLM's LoRA wrappers run the base layer's GEMM and "
         "all-reduce themselves, bypassing its forward")
 
 
-def producer_for(quant_method: Any) -> str | None:
-    """The producer that computes this vLLM linear method's GEMM, or None if none does."""
-    return PRODUCERS_BY_QUANT_METHOD.get(type(quant_method).__name__)
-
-
 def eligibility(layer: Any, tp_size: int, backend: type[Backend] | None = None) -> str | None:
     """None if ``layer`` (a RowParallelLinear) can be routed at TP size ``tp_size``, else why not.
 
     Reads only attributes (see ``REQUIRED_ATTRS``; ``tp_size``, ``input_is_parallel`` and
-    ``weight`` are optional), so stand-in objects work as well as vLLM's own layers.
-    ``backend`` (a backend class, e.g. ``backends.get(settings.backend)``) is asked whether
-    it can reduce the layer's N output columns; None skips that question.
+    what :func:`overlap.vllm_routes.route_for` reads are optional), so stand-in objects
+    work as well as vLLM's own layers. ``backend`` (a backend class, e.g.
+    ``backends.get(settings.backend)``) is asked whether it can reduce the layer's N
+    output columns; None skips that question.
     """
+    return _decide(layer, tp_size, backend)[0]
+
+
+def _decide(layer: Any, tp_size: int, backend: type[Backend] | None
+            ) -> tuple[str | None, Route | None]:
+    """(None, the layer's route) or (why it stays stock, None)."""
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ValueError(f"eligibility: tp_size must be an integer >= 1, got {tp_size!r}")
     if backend is not None and not (isinstance(backend, type) and issubclass(backend, Backend)):
@@ -75,36 +83,28 @@ def eligibility(layer: Any, tp_size: int, backend: type[Backend] | None = None) 
         raise TypeError(f"eligibility: {type(layer).__name__} has no attribute(s) "
                         f"{', '.join(missing)}; expected a vLLM RowParallelLinear")
     if hasattr(layer, ROUTED_ATTR):
-        return ALREADY_ROUTED
+        return ALREADY_ROUTED, None
     # A layer built with disable_tp has its own tp_size of 1 inside a TP > 1 model.
     if tp_size == 1 or getattr(layer, "tp_size", tp_size) == 1:
-        return TP_ONE
+        return TP_ONE, None
     if layer.bias is not None:
-        return HAS_BIAS
+        return HAS_BIAS, None
     if not layer.reduce_results:
-        return NO_REDUCE
+        return NO_REDUCE, None
     if not getattr(layer, "input_is_parallel", True):
-        return SPLITS_INPUT
-    if producer_for(layer.quant_method) is None:
-        known = ", ".join(sorted(PRODUCERS_BY_QUANT_METHOD))
-        return (f"quant method {type(layer.quant_method).__name__} has no radiance-ar "
-                f"producer (known: {known})")
-    weight = getattr(layer, "weight", None)
-    if (not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.numel() == 0
-            or weight.dtype not in WEIGHT_DTYPES or weight.is_meta):
-        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
-        dtype = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
-        return (f"weight is not a plain 2-D (N, K) bf16/fp16/fp32 tensor (shape {shape}, "
-                f"{dtype}), e.g. repacked by the platform's GEMM dispatch")
+        return SPLITS_INPUT, None
+    found = route_for(layer)
+    if isinstance(found, str):
+        return found, None
     # The op all-reduces (rows, N) slices of the output; a backend that cannot reduce rows
     # of N values (a codec's block size) would raise at the layer's first prefill, so the
     # layer stays stock and the summary says which backend refused it.
     if backend is not None:
-        n = weight.shape[0]
+        n = found.out_features
         reason = backend.unsupported_cols_reason(n)
         if reason is not None:
-            return f"backend {backend.name}: N = {n} {reason}"
-    return None
+            return f"backend {backend.name}: N = {n} {reason}", None
+    return None, found
 
 
 def _routed_forward(self: Any, input_: torch.Tensor) -> Any:
@@ -112,16 +112,33 @@ def _routed_forward(self: Any, input_: torch.Tensor) -> Any:
     # ``output`` or ``(output, output_bias)``; a routed layer has no bias, so output_bias
     # is None, as stock's ``self.bias if self.skip_bias_add else None`` is.
     x2d = input_.reshape(-1, input_.shape[-1]).contiguous()
-    out = torch.ops.radiance.linear_ar(x2d, self.weight, None, getattr(self, ROUTED_ATTR))
+    weight, weight_scale = getattr(self, OPERANDS_ATTR)(self)
+    out = torch.ops.radiance.linear_ar(x2d, weight, weight_scale, getattr(self, ROUTED_ATTR))
     out = out.reshape(*input_.shape[:-1], out.shape[-1])
     return (out, None) if self.return_bias else out
 
 
-def route(layer: Any, producer: str) -> None:
-    """Make ``layer``'s forward one ``radiance::linear_ar`` call; the op owns the reduction."""
+def route(layer: Any, producer: str | Route, name: str = "",
+          operands: Operands = plain_weight) -> str:
+    """Make ``layer``'s forward one ``radiance::linear_ar`` call; the op owns the reduction.
+
+    ``producer`` is a kernel producer's name (``operands`` reads its tensors off the
+    layer) or a :class:`~overlap.vllm_routes.Route`. A :data:`GENERIC` route binds the
+    layer's own quant method as producer ``quant_method:<name>`` (``name``: the layer's
+    name in its model, the same in every process and run). Returns the producer name
+    the forward passes."""
+    if isinstance(producer, Route):
+        producer, operands = producer.producer, producer.operands
+    if producer == GENERIC:
+        n, k = layer.output_size_per_partition, layer.input_size_per_partition
+        # The op's weight argument: (N, K) and the device, no copy of the weights.
+        setattr(layer, CARRIER_ATTR, shape_carrier(n, k, device_of(layer)))
+        producer = bind_layer(name, layer, n, k)
     setattr(layer, ROUTED_ATTR, producer)
+    setattr(layer, OPERANDS_ATTR, operands)
     layer.reduce_results = False
     layer.forward = types.MethodType(_routed_forward, layer)
+    return producer
 
 
 @dataclass
@@ -129,6 +146,8 @@ class InstallReport:
     settings: OverlapSettings
     tp_size: int = 0
     routed: list[str] = field(default_factory=list)  # routed by this call
+    #: layer name -> producer kind (a kernel's name, or GENERIC), for the routed ones
+    producers: dict[str, str] = field(default_factory=dict)
     already: list[str] = field(default_factory=list)  # routed by an earlier call
     left: dict[str, list[str]] = field(default_factory=dict)  # reason -> layer names
 
@@ -144,6 +163,10 @@ class InstallReport:
         head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
                 f"through radiance::linear_ar (backend {s.backend}, tp {self.tp_size}, "
                 f"slices {s.slices}, min_m {s.min_m})")
+        if self.producers:
+            kinds = sorted(set(self.producers.values()))
+            head += "; producers: " + ", ".join(
+                f"{k} {list(self.producers.values()).count(k)}" for k in kinds)
         if self.already:
             head += f"; {len(self.already)} were routed already"
         parts = [head]
@@ -153,17 +176,17 @@ class InstallReport:
 
 
 def plan(layers: Iterable[tuple[str, Any]], tp_size: int,
-         report: InstallReport) -> list[tuple[str, Any, str]]:
-    """(name, layer, producer) for every eligible layer; the rest go into ``report``.
+         report: InstallReport) -> list[tuple[str, Any, Route]]:
+    """(name, layer, route) for every eligible layer; the rest go into ``report``.
 
     Eligibility includes the backend ``report.settings`` names (its gate on N).
     """
     backend = backends.get(report.settings.backend)
     chosen = []
     for name, layer in layers:
-        reason = eligibility(layer, tp_size, backend)
+        reason, route_ = _decide(layer, tp_size, backend)
         if reason is None:
-            chosen.append((name, layer, producer_for(layer.quant_method)))
+            chosen.append((name, layer, route_))
         elif reason == ALREADY_ROUTED:
             report.already.append(name)
         else:
@@ -221,8 +244,9 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
     chosen = plan(layers, report.tp_size, report)
     if chosen:
         _configure_on_tp_group(settings)
-    for name, layer, producer in chosen:
-        route(layer, producer)
+    for name, layer, route_ in chosen:
+        route(layer, route_, name)
         report.routed.append(name)
+        report.producers[name] = route_.producer
     logger.info(report.summary())
     return report

@@ -32,6 +32,8 @@ import torch
 import backends  # noqa: E402
 from backends import envs  # noqa: E402
 from backends.world import World  # noqa: E402
+from overlap import producers  # noqa: E402  (importing overlap registers every producer)
+import producer_inputs  # noqa: E402
 import report  # noqa: E402
 import timeline  # noqa: E402
 from world_measure import Case, measure  # noqa: E402
@@ -79,8 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=None, help="output columns N of the linear")
     p.add_argument("--k", type=int, default=None, help="input columns K (this rank's shard)")
     p.add_argument("--slices", type=int_list, default=[4], help="slice counts S; default 4")
-    p.add_argument("--producer", default="bf16", choices=["bf16"],
-                   help="GEMM producer the op runs (bf16 torch.mm)")
+    p.add_argument("--producer", default="bf16", choices=producers.names(),
+                   help="GEMM producer the op runs, timed alone and in the serial baseline "
+                        "too; its weight is the bf16 shard in the producer's format "
+                        "(tools/producer_inputs.py) and results are checked against the "
+                        "float64 product of the dequantized operands; default bf16")
     p.add_argument("--reps", type=int, default=None, help="timed repeats (median reported)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing")
     p.add_argument("--quick", action="store_true", help="a smoke run: one small M, few repeats")
@@ -104,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("the default ./results here is the tracked tools/results/ folder of "
                     "committed runs: pass --out-dir (run from the repository root, or name "
                     "a folder)")
+    if args.producer not in producer_inputs.known():
+        p.error(f"--producer {args.producer}: no weight format for it in "
+                f"tools/producer_inputs.py (known: {', '.join(producer_inputs.known())})")
+    if args.timeline and args.producer != "bf16":
+        p.error(f"--timeline with --producer {args.producer}: tools/timeline.py records "
+                "the bf16 producer only (it passes no weight scale)")
     names = backends.names()
     args.backends = names if args.backends is None else [b for b in args.backends.split(",") if b]
     for b in args.backends:
@@ -345,14 +356,24 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             print(problem, file=sys.stderr)
             return 2
-    if envs.torchrun_local_rank() is not None and torch.cuda.is_available() and args.mode == "auto":
+    torchrun = (envs.torchrun_local_rank() is not None and torch.cuda.is_available()
+                and args.mode == "auto")
+    gpu = torchrun or args.mode == "emulated" or (args.mode == "auto" and torch.cuda.is_available())
+    if gpu and not torch.cuda.is_available():
+        raise SystemExit("--mode emulated needs a CUDA/ROCm GPU; none is visible")
+    device = (torch.device("cuda", envs.torchrun_local_rank() or 0) if torchrun
+              else torch.device("cuda", torch.cuda.current_device()) if gpu
+              else torch.device("cpu"))
+    problem = producer_inputs.unsupported_reason(args.producer, device)
+    if problem is not None:
+        print(f"compare_backends: --producer {args.producer}: {problem}", file=sys.stderr)
+        return 2
+    if torchrun:
         result = run_torchrun(args)
         if result is None:
             return 0
         hdr, records = result
-    elif args.mode == "emulated" or (args.mode == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise SystemExit("--mode emulated needs a CUDA/ROCm GPU; none is visible")
+    elif gpu:
         hdr, records = run_emulated(args)
     else:
         hdr, records = run_cpu(args)
