@@ -10,8 +10,8 @@ See :mod:`overlap.op` for what the op does and :mod:`overlap.pipeline` for the t
 
 from overlap.config import OverlapSettings, from_env
 from overlap.op import forward, linear_ar
-from overlap import producer_mxfp4  # noqa: F401  (registers producer "mxfp4_w4a8")
+from overlap import producer_mxfp4  # registers producer "mxfp4_w4a8" on import
 from overlap.runtime import OverlapRuntime, build, configure, current, shutdown
 
 __all__ = ["OverlapRuntime", "OverlapSettings", "build", "configure", "current", "forward",
-           "from_env", "linear_ar", "shutdown"]
+           "from_env", "linear_ar", "producer_mxfp4", "shutdown"]

@@ -304,3 +304,68 @@ def test_cpu_world_run_checks_results_and_reports_no_timings(tmp_path, capsys):
     table_head = next(line for line in text.splitlines() if line.strip().startswith("backend"))
     assert "speedup" not in table_head and "rel rms" in table_head
     assert not (out / "timeline.json").exists()
+
+
+# ----------------------------------------------------------- --producer
+
+def test_producer_choices_are_the_registered_producers(capsys):
+    from overlap import producers
+
+    assert compare_backends.parse_args(["--producer", "mxfp4_w4a8"]).producer == "mxfp4_w4a8"
+    with pytest.raises(SystemExit) as e:
+        compare_backends.parse_args(["--producer", "nope"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nope'" in err
+    assert all(f"'{name}'" in err for name in producers.names())
+
+
+def test_producer_without_a_weight_format_or_with_timeline_is_refused(monkeypatch, capsys):
+    import producer_inputs
+
+    with pytest.raises(SystemExit):
+        compare_backends.parse_args(["--producer", "fp8_rowwise", "--timeline"])
+    assert "records the bf16 producer only" in capsys.readouterr().err
+    monkeypatch.delitem(producer_inputs._WEIGHT_FORMATS, "fp8_rowwise")
+    with pytest.raises(SystemExit):
+        compare_backends.parse_args(["--producer", "fp8_rowwise"])
+    assert "no weight format for it in tools/producer_inputs.py" in capsys.readouterr().err
+
+
+def test_producer_that_cannot_run_in_a_cpu_world_stops_before_any_rank(tmp_path, capsys):
+    # --m 10**9 would take forever to measure: rc 2 proves nothing was measured
+    rc = compare_backends.main(["--mode", "cpu", "--m", "1000000000", "--producer",
+                                "mxfp4_w4a8", "--out-dir", str(tmp_path)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--producer mxfp4_w4a8: producer mxfp4_w4a8 cannot run on cpu" in err
+
+
+def test_quantized_reference_is_the_product_of_the_dequantized_operands():
+    import producer_inputs
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 64, generator=g).to(torch.bfloat16)
+    w = torch.randn(16, 64, generator=g).to(torch.bfloat16)
+    ops = producer_inputs.operands("fp8_rowwise", x, w)
+    x_scale = x.double().abs().amax(dim=1, keepdim=True) / 448
+    w_scale = w.double().abs().amax(dim=1, keepdim=True) / 448
+    x_deq = (x.double() / x_scale).to(torch.float8_e4m3fn).double() * x_scale
+    w_deq = ops.weight.double() * w_scale
+    torch.testing.assert_close(producer_inputs.reference(ops), x_deq @ w_deq.t(),
+                               rtol=1e-6, atol=1e-9)
+    assert torch.equal(producer_inputs.reference(producer_inputs.operands("bf16", x, w)),
+                       x.double() @ w.double().t())
+
+
+def test_cpu_world_run_with_a_quantized_producer(tmp_path, capsys):
+    out = tmp_path / "res"
+    rc = compare_backends.main(["--mode", "cpu", "--world", "2", "--quick", "--m", "64",
+                                "--backends", "stock,sdma", "--producer", "fp8_rowwise",
+                                "--out-dir", str(out), "--no-png"])
+    assert rc == 0, capsys.readouterr()
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["mode"]["producer"] == "fp8_rowwise"
+    for r in doc["records"]:
+        assert r["producer"] == "fp8_rowwise" and r["correct"], r
+        assert r["rel_rms_err"] <= 2 ** -6  # the AR's error against the dequantized product

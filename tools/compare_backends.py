@@ -221,6 +221,7 @@ def baseline_of(hdr: dict) -> str:
 
 def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     cpu = hdr["world"] == "cpu-shm"
+    hdr["producer"] = args.producer
     if cpu:
         records[:] = [report.without_timings(r) for r in records]
     print(report.table([r for r in records if "skipped" not in r],

@@ -23,11 +23,13 @@ import gpu_timing
 import link
 import metrics
 import overlap
+import producer_inputs
 import timeline
 from backends.envs import BackendSettings
 from backends.world import emulated_worlds
 from overlap.config import OverlapSettings
 from overlap.op import forward
+from overlap.scratch import ScratchPool
 from overlap.slicing import slice_bounds
 from world_measure import Case, shard, time_calls
 
@@ -42,27 +44,28 @@ def verify(case: Case, size: int, device: torch.device) -> dict:
     worlds = emulated_worlds(size, device)
     settings = OverlapSettings(True, case.backend, 1, case.slices, BackendSettings.from_env())
     runtimes = [overlap.build(w, settings) for w in worlds]
-    data = [shard(case, rank, device) for rank in range(size)]
+    data = [producer_inputs.operands(case.producer, *shard(case, rank, device))
+            for rank in range(size)]
     bounds = slice_bounds(case.rows, case.slices)
-    ref = sum(x.double() @ w.double().t() for x, w in data)
+    ref = sum(producer_inputs.reference(ops) for ops in data)
     # Grow (and load every kernel) on every rank before any rank's stream can block on a
     # peer's flag: a first kernel load synchronizes the device, which would wait forever
     # on a stream parked behind a flag the not-yet-issued peer has not posted.
     for rt in runtimes:
         rt.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
-    # cuBLAS picks (and may load) a kernel per slice shape: run each shape once now.
-    x0, w0 = data[0]
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        torch.mm(x0[a:b], w0.t())
+    # The GEMM library picks (and may load or compile) a kernel per slice shape, and the
+    # producer grows its scratch: run each rank's slices once now.
+    for rt, ops in zip(runtimes, data):
+        producer_inputs.warm_up(ops, bounds, rt.scratch)
     torch.cuda.synchronize(device)
     streams = [torch.cuda.Stream(device) for _ in range(size)]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream(device))
     outs = []
     poison_allocator((case.rows, case.cols), device)
-    for rt, (x, w), s in zip(runtimes, data, streams):
+    for rt, ops, s in zip(runtimes, data, streams):
         with torch.cuda.stream(s):
-            outs.append(forward(rt, x, w, None, case.producer))
+            outs.append(forward(rt, ops.x, ops.weight, ops.weight_scale, case.producer))
     for s in streams:
         torch.cuda.current_stream(device).wait_stream(s)
     torch.cuda.synchronize(device)
@@ -81,7 +84,8 @@ def verify(case: Case, size: int, device: torch.device) -> dict:
 
 def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     """Verify with W active ranks, then time one active rank (see module doc)."""
-    record = {"backend": case.backend, "world": "gpu-emulated", "W": size, "M": case.rows,
+    record = {"backend": case.backend, "producer": case.producer, "world": "gpu-emulated",
+              "W": size, "M": case.rows,
               "N": case.cols, "K": case.k, "slices": case.slices, "emulated": True,
               "baseline": "GEMM then this backend's unsliced AR"}
     record.update(verify(case, size, device))
@@ -92,8 +96,8 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs))
     serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1, knobs))
     backend = rt.backend
-    x, w = shard(case, 0, device)
-    xs = [x] + [x.clone() for _ in range(gpu_timing.copies_for(x) - 1)]
+    ops = producer_inputs.operands(case.producer, *shard(case, 0, device))
+    xs = [ops.x] + [ops.x.clone() for _ in range(gpu_timing.copies_for(ops.x) - 1)]
     y = torch.empty(case.rows, case.cols, dtype=torch.bfloat16, device=device)
     for r in (rt, serial_rt):
         r.backend.ensure_capacity(case.rows, case.cols, y.dtype)
@@ -102,17 +106,16 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
              else torch.randn_like(y))
     ar_out = torch.empty_like(y)
 
-    def gemm(i):
-        torch.mm(xs[i % len(xs)], w.t(), out=y)
+    gemm = producer_inputs.gemm_alone(ops, y, ScratchPool(), xs)
 
     def ar(i):
         backend.all_reduce(ar_in, ar_out)
 
     def ovl(i):
-        forward(rt, xs[i % len(xs)], w, None, case.producer)
+        forward(rt, xs[i % len(xs)], ops.weight, ops.weight_scale, case.producer)
 
     def serial(i):
-        forward(serial_rt, xs[i % len(xs)], w, None, case.producer)
+        forward(serial_rt, xs[i % len(xs)], ops.weight, ops.weight_scale, case.producer)
 
     slices, times = time_calls(
         record, backend, ar_in, ar_out, case, {"gemm": gemm, "ar": ar, "serial": serial,
@@ -126,7 +129,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
                         case.reps, case.warmup)
     record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
     if case.timeline:
-        path, events = timeline.record(rt, xs[0], w, case.producer)
+        path, events = timeline.record(rt, xs[0], ops.weight, case.producer)
         record["timeline"] = dict(timeline.summarize(events), path=path)
         record["timeline_events"] = events
     record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting

@@ -4,7 +4,8 @@ Runs the same code on each rank of a CPU world (gloo) or of a torchrun GPU world
 verify first, then time. Timings are medians over ``reps`` after ``warmup`` calls, each
 call preceded by a barrier; on a GPU they are device-event times, on the CPU
 ``perf_counter`` times. The reference is independent of every backend: each rank's
-float64 partial product, summed over ranks by a float64 all-reduce.
+float64 product of its dequantized operands (:mod:`producer_inputs`), summed over ranks
+by a float64 all-reduce.
 
 Besides GEMM, AR, serial and overlapped op, it times the AR as S slice calls back to
 back (the slice overhead); on a GPU also the GEMM beside the AR (contention), the raw
@@ -25,11 +26,13 @@ import gpu_timing
 import link
 import metrics
 import overlap
+import producer_inputs
 import timeline
 from backends.envs import BackendSettings
 from backends.world import World
 from overlap.config import OverlapSettings
 from overlap.op import forward
+from overlap.scratch import ScratchPool
 from overlap.slicing import slice_bounds
 
 
@@ -118,16 +121,18 @@ def measure(world: World, case: Case) -> dict:
 def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
              stock: overlap.OverlapRuntime) -> dict:
     x, w = shard(case, world.rank, world.device)
-    partial = x.double() @ w.double().t()
+    ops = producer_inputs.operands(case.producer, x, w)
+    partial = producer_inputs.reference(ops)
     dist.all_reduce(partial, group=world.group)
-    out = forward(rt, x, w, None, case.producer)
+    out = forward(rt, x, ops.weight, ops.weight_scale, case.producer)
     rel, max_abs = metrics.errors(out, partial)
     digests = [None] * world.size
     dist.all_gather_object(digests, digest(out), group=world.group)
     backend = rt.backend
     record = {
-        "backend": case.backend, "world": world.kind, "W": world.size, "M": case.rows,
-        "N": case.cols, "K": case.k, "slices": case.slices if backend.pipelined else 1,
+        "backend": case.backend, "producer": case.producer, "world": world.kind,
+        "W": world.size, "M": case.rows, "N": case.cols, "K": case.k,
+        "slices": case.slices if backend.pipelined else 1,
         "rel_rms_err": rel, "max_abs_err": max_abs,
         "identical_on_ranks": len(set(digests)) == 1,
         "wire_bytes": backend.wire_bytes(case.rows * case.cols, world.size, out.element_size()),
@@ -145,14 +150,13 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
         ar_in = backend.acquire_input_view(case.rows, case.cols, out.dtype)
     ar_in.copy_(out)
 
-    def gemm(i):
-        torch.mm(x, w.t(), out=y)
+    gemm = producer_inputs.gemm_alone(ops, y, ScratchPool())
 
     def serial(i):
-        forward(stock, x, w, None, case.producer)
+        forward(stock, x, ops.weight, ops.weight_scale, case.producer)
 
     def ovl(i):
-        forward(rt, x, w, None, case.producer)
+        forward(rt, x, ops.weight, ops.weight_scale, case.producer)
 
     def ar(i):
         backend.all_reduce(ar_in, ar_out)
