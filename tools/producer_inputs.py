@@ -19,6 +19,7 @@ modes (:mod:`world_measure`, :mod:`emulated_measure`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -123,10 +124,15 @@ def unsupported_reason(producer: str, device: torch.device) -> str | None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 64, generator=g).to(torch.bfloat16).to(device)
     w = torch.randn(32, 64, generator=g).to(torch.bfloat16).to(device)
+    # Kernels launch on the current device: under torchrun it is not set yet here.
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     try:
-        ops = operands(producer, x, w)
-        check_inputs(ops.x, ops.weight, ops.weight_scale, producer)
-        gemm_alone(ops, torch.empty(2, 32, dtype=x.dtype, device=device), ScratchPool())(0)
+        with on_device:
+            ops = operands(producer, x, w)
+            check_inputs(ops.x, ops.weight, ops.weight_scale, producer)
+            gemm_alone(ops, torch.empty(2, 32, dtype=x.dtype, device=device), ScratchPool())(0)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
     except Exception as e:  # reported, not swallowed: the caller prints it and stops
         return f"producer {producer} cannot run on {device}: {type(e).__name__}: {e}"
     return None

@@ -292,16 +292,19 @@ _external_streams: dict[tuple[torch.device, int], torch.cuda.ExternalStream] = {
 
 @contextlib.contextmanager
 def _on_stream(device: torch.device, stream: int | None) -> Iterator[None]:
-    """Make ``stream`` (a raw cudaStream_t/hipStream_t) current; Triton launches on the
-    current stream."""
-    if stream is None or device.type != "cuda" \
-            or stream == torch.cuda.current_stream(device).cuda_stream:
+    """Make ``device`` and ``stream`` (a raw cudaStream_t/hipStream_t on it) current:
+    Triton launches on the current device's current stream."""
+    if device.type != "cuda":
         yield
         return
-    key = (device, stream)
-    if key not in _external_streams:
-        _external_streams[key] = torch.cuda.ExternalStream(stream, device=device)
-    with torch.cuda.stream(_external_streams[key]):
+    with contextlib.ExitStack() as stack:
+        if device.index != torch.cuda.current_device():
+            stack.enter_context(torch.cuda.device(device))
+        if stream is not None and stream != torch.cuda.current_stream(device).cuda_stream:
+            key = (device, stream)
+            if key not in _external_streams:
+                _external_streams[key] = torch.cuda.ExternalStream(stream, device=device)
+            stack.enter_context(torch.cuda.stream(_external_streams[key]))
         yield
 
 
