@@ -113,15 +113,18 @@ class Signals(abc.ABC):
         """One collective call: refuses while faulted, numbers the call, publishes its
         header; any error inside records the fault and the abort word, then re-raises."""
         self.faults.refuse_if_faulted()
-        self.epoch += 1
-        self._sig = sig
         if self._host_visible:
             aborted = [p for p in range(self.size) if p != self.rank and p not in self._passive
                        and self._read(p, _HEADER["abort"])]
             if aborted:  # a GPU stream cannot read it: refuse here, before any work is queued
+                # ... and before this call takes a number: an epoch that no header shows
+                # would leave this rank one ahead of its peers after resync.
                 error = PeerAbortedError(self._aborted_message(aborted[0], "an earlier call"))
                 self.fail(error)
                 raise error
+        self.epoch += 1
+        self._sig = sig
+        if self._host_visible:
             self._write_header(sig)
             self._np[self.rank][_HEADER["epoch"]] = self.epoch
         try:
@@ -171,8 +174,12 @@ class Signals(abc.ABC):
                 return sig
         return None
 
-    def tag(self, epoch: int) -> int:
-        """The flag value of step ``ready``/``reduced`` of the current call ``epoch``."""
+    def tag(self, epoch: int, sig: CallSignature | None = None) -> int:
+        """The flag value of step ``ready``/``reduced`` of call ``epoch``: the current call,
+        or (``sig`` given) a later call whose slice is published ahead of it."""
+        if sig is not None:
+            assert epoch > self.epoch, "a call published ahead must come after the current one"
+            return self._make_tag(epoch, sig)
         assert epoch == self.epoch and self._sig is not None, "post/wait outside its call"
         return self._make_tag(epoch, self._sig)
 
@@ -180,8 +187,9 @@ class Signals(abc.ABC):
     _make_tag = staticmethod(host_tag)
 
     @abc.abstractmethod
-    def post(self, slot: str, epoch: int, stream: int) -> None:
-        """Publish step ``slot`` of call ``epoch`` once the stream's earlier work is done."""
+    def post(self, slot: str, epoch: int, stream: int, sig: CallSignature | None = None) -> None:
+        """Publish step ``slot`` of call ``epoch`` once the stream's earlier work is done
+        (``sig``: of a later call published ahead, see :meth:`tag`)."""
 
     @abc.abstractmethod
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str) -> None:
@@ -272,8 +280,10 @@ class Signals(abc.ABC):
 class CpuSignals(Signals):
     """Host flags in shared memory; bounded Python spin (see the module doc)."""
 
-    def post(self, slot: str, epoch: int, stream: int = 0) -> None:
-        self._np[self.rank][_word(slot, epoch)] = epoch if slot == "done" else self.tag(epoch)
+    def post(self, slot: str, epoch: int, stream: int = 0,
+             sig: CallSignature | None = None) -> None:
+        self._np[self.rank][_word(slot, epoch)] = (epoch if slot == "done"
+                                                   else self.tag(epoch, sig))
 
     def wait(self, peer: int, slot: str, epoch: int, stream: int = 0, what: str = "a call") -> None:
         if peer in self._passive:

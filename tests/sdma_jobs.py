@@ -113,3 +113,42 @@ def op_job(world: World, schedule: str, rows: int, cols: int, k: int, slice_coun
         outs.append(overlap.forward(rt, x, w, None, "bf16"))  # reuse of the same buffers
         rt.close()
     return outs
+
+
+def early_order_job(world: World, bound_ms: int, seed: int) -> dict:
+    """publish_early of two slices, then (rank 0 only) their all_reduce in the wrong order;
+    then a next op call with the early slices unreduced (refused), a resync, and a right
+    op call. Returns the error type of every step, and whether the last result is exact."""
+    be = SdmaBackend(world, BackendSettings(spin_timeout_ms=bound_ms, sdma_schedule="oneshot"))
+    rows, cols = 8, 16
+    be.ensure_capacity(rows, cols, DT)
+    steps = {}
+    y = be.acquire_input_view(rows, cols, DT)
+    y.copy_(make_input(seed, 0, world.rank, rows, cols))
+    be.publish_early(y[:4])
+    be.publish_early(y[4:])
+    out = torch.full((rows, cols), float("nan"), dtype=DT)
+    order = [(4, 8), (0, 4)] if world.rank == 0 else [(0, 4), (4, 8)]
+    try:
+        for a, b in order:
+            be.all_reduce(y[a:b], out[a:b])
+        steps["reversed"] = None
+    except Exception as e:  # noqa: BLE001 -- the type is the result
+        steps["reversed"] = type(e).__name__
+    try:
+        be.acquire_input_view(rows, cols, DT)
+        steps["next_call"] = None
+    except Exception as e:  # noqa: BLE001
+        steps["next_call"] = type(e).__name__
+    be.resync()
+    y = be.acquire_input_view(rows, cols, DT)
+    y.copy_(make_input(seed, 1, world.rank, rows, cols))
+    out = torch.full((rows, cols), float("nan"), dtype=DT)
+    for a, b in ((0, 4), (4, 8)):
+        be.publish_early(y[a:b])
+    for a, b in ((0, 4), (4, 8)):
+        be.all_reduce(y[a:b], out[a:b])
+    steps["after_resync_exact"] = torch.equal(bits(out), bits(reference(seed, 1, world.size,
+                                                                         rows, cols)))
+    be.close()
+    return steps

@@ -123,3 +123,24 @@ def test_passive_peers_pass_every_wait():
     with pytest.raises(ValueError, match="slot 'go'"):
         with s0.call(sig()) as t:
             s0.post("go", t)
+
+
+def test_a_call_refused_for_an_aborted_peer_takes_no_number_so_resync_agrees():
+    s0, s1 = pair(timeout_ms=50.0)
+    with pytest.raises(PeerTimeoutError):
+        with s0.call(sig()) as t:
+            s0.wait(1, "ready", t)
+    # s1 finds s0's abort word at its next call's start and refuses before taking a number
+    # (a number no header shows would leave s1 one call ahead of s0 after resync).
+    with pytest.raises(PeerAbortedError):
+        with s1.call(sig()):
+            pass
+    assert s1.epoch == 0
+    barrier = lambda: None  # noqa: E731
+    assert s0.resync(barrier) == s1.resync(barrier) == 1
+    with s0.call(sig()) as t0, s1.call(sig()) as t1:
+        assert t0 == t1 == 2
+        s0.post("ready", t0)
+        s1.post("ready", t1)
+        s0.wait(1, "ready", t0)
+        s1.wait(0, "ready", t1)
