@@ -332,8 +332,8 @@ def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def assert_payloads_agree(kernel: torch.Tensor, expected: torch.Tensor, x: torch.Tensor) -> None:
-    """Identical bytes, except where the kernel's fp32 rotation sums (tensor cores, any
-    order) round differently from the reference's exact sums and a value lands on the
+    """Identical bytes, except where the kernel's fp32 rotation sums (butterflies, one
+    rounding per stage) round differently from the reference's exact sums and a value lands on the
     other side of a decision edge: then a code, sub-scale code or scale moves by ONE
     step, in at most 1e-3 of the places, and the format bound still holds."""
     cols = x.shape[1]
@@ -366,7 +366,6 @@ def check_kernels_against_reference(device: str, cases: list, seed: int = 0) -> 
     """Run the three kernels on ``device`` for (rows, cols, dtype, row_pad) cases with
     poisoned outputs; compare with the reference. Called by the GPU tests directly and,
     under TRITON_INTERPRET=1, by the interpreter test in a subprocess."""
-    from backends.kernels.wht6_decode import wht6_decode
     from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
     from backends.kernels.wht6_encode import wht6_encode
 
@@ -385,23 +384,18 @@ def check_kernels_against_reference(device: str, cases: list, seed: int = 0) -> 
         for n in (1, 3, 8):
             out = torch.full((rows, cols), float("nan"), dtype=dtype, device=device)
             dev_payloads = [p.to(device) for p in payloads[:n]]
-            if n == 1:
-                wht6_decode(dev_payloads[0], (rows, cols), dtype, out)
-            else:
-                wht6_decode_accumulate(dev_payloads, (rows, cols), dtype, out)
+            wht6_decode_accumulate(dev_payloads, (rows, cols), dtype, out)
             assert_decoded_agree(out, ref.decode_accumulate(payloads[:n], (rows, cols), dtype), dtype)
 
 
 def check_range_kernels(device: str) -> None:
     """``check_range`` on the three kernels, whose payloads and results must also agree
     with the reference's (NaN in the same places)."""
-    from backends.kernels.wht6_decode import wht6_decode
     from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
     from backends.kernels.wht6_encode import wht6_encode
 
     def decode_accumulate(pays, shape, dtype):
-        pays = [p.to(device) for p in pays]
-        return wht6_decode(pays[0], shape, dtype) if len(pays) == 1 else wht6_decode_accumulate(pays, shape, dtype)
+        return wht6_decode_accumulate([p.to(device) for p in pays], shape, dtype)
 
     def encode(x):
         return wht6_encode(x.to(device)).cpu()
@@ -457,6 +451,88 @@ def test_interpreter_kernels_match_reference():
     _under_interpreter("check_kernels_against_reference('cpu', t.INTERPRETER_CASES)")
 
 
+def exact_rotation_input(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """bf16 values whose rotation every kernel computes exactly (small integers times a
+    power of two per row: no partial sum needs more than 24 bits), with an all -0.0
+    sub-block, a sub-block of +-0.0 and one value, a zero block and a NaN block, and
+    values at 2**-100 and 2**100."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-100, 101, (rows, cols), generator=g).double()
+    x *= 2.0 ** torch.randint(-30, 31, (rows, 1), generator=g).double()
+    x[0, :32] = -0.0
+    x[0, 32:64] = torch.where(torch.arange(32) % 2 == 0, -0.0, 0.0)
+    x[0, 40] = -3.0
+    x[1 % rows, :256] = 0.0
+    x[-1, -256:] *= 2.0**-100
+    x[-1, -512] = float("nan")
+    x[rows // 2, :256] *= 2.0**100
+    return x.to(torch.bfloat16)
+
+
+def check_exact_encode(device: str) -> None:
+    """Where the rotation is exact, every other step of the kernels is the reference's
+    fp32 operations: the payloads are the same bytes, for every launch shape."""
+    from backends.kernels import wht6_launch
+    from backends.kernels.wht6_encode import wht6_encode
+
+    for rows, cols in ((6, 768), (3, 1536)):
+        x = exact_rotation_input(rows, cols, seed=rows)
+        expected = ref.encode(x)
+        for shape in (None,) + wht6_launch.CANDIDATES[:2]:
+            got = wht6_encode(x.to(device), shape=shape).cpu()
+            assert torch.equal(got, expected), (rows, cols, shape, (got != expected).sum().item())
+
+
+def check_launch_shapes_agree(device: str) -> None:
+    """Every candidate launch shape gives the table's bits (decode-accumulate of 3)."""
+    from backends.kernels import wht6_launch
+    from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
+
+    rows, cols = 5, 1024
+    pays = [ref.encode(make("student_t3", rows, cols, seed=w).to(torch.bfloat16)).to(device) for w in range(3)]
+    table = wht6_decode_accumulate(pays, (rows, cols), torch.bfloat16).cpu()
+    for shape in wht6_launch.CANDIDATES:
+        got = wht6_decode_accumulate(pays, (rows, cols), torch.bfloat16, launch_shape=shape).cpu()
+        assert torch.equal(got.view(torch.int16), table.view(torch.int16)), shape
+
+
+def test_interpreter_exact_payloads_and_launch_shapes():
+    _under_interpreter("check_exact_encode('cpu'); t.check_launch_shapes_agree('cpu')")
+
+
+def test_launch_shape_is_checked():
+    from backends.kernels import wht6_launch
+
+    assert wht6_launch.check_shape((128, 4)) == (128, 4)
+    for bad, exc in (((96, 4), ValueError), ((64, 4), ValueError), ((128, 3), ValueError),
+                     ([128, 4], TypeError), ((128.0, 4), TypeError)):
+        with pytest.raises(exc, match="launch shape"):
+            wht6_launch.check_shape(bad)
+    for shape in wht6_launch.CANDIDATES + tuple(wht6_launch.ENCODE.values()) + tuple(wht6_launch.DECODE.values()):
+        assert wht6_launch.check_shape(shape) == shape
+
+
+def test_package_imports_without_triton():
+    """backends/kernels' loading convention: every module a CPU-only install imports
+    (the backends, the front ends) works without Triton, and the CPU codec runs."""
+    code = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def no_triton(name, *a, **k):\n"
+        "    if name == 'triton' or name.startswith('triton.'):\n"
+        "        raise ImportError('no Triton here')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = no_triton\n"
+        "import torch, backends, backends.oneshot_wht6, backends.sdma_wht6\n"
+        "from backends.kernels import oneshot_wht6, pointers, reduce_sum, wht6_launch\n"
+        "from backends import wht6\n"
+        "x = torch.randn(2, 256)\n"
+        "assert wht6.decode(wht6.encode(x), (2, 256), torch.float32).shape == (2, 256)\n"
+        "assert 'triton' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_interpreter_range():
     _under_interpreter("check_range_kernels('cpu')")
 
@@ -473,6 +549,12 @@ def test_gpu_kernels_match_reference(dtype):
 @pytest.mark.gpu
 def test_gpu_range():
     check_range_kernels("cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_exact_payloads_and_launch_shapes():
+    check_exact_encode("cuda")
+    check_launch_shapes_agree("cuda")
 
 
 @pytest.mark.gpu

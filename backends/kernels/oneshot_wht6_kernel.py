@@ -17,7 +17,9 @@ Math and wire format are the wht6 codec's (``backends/wht6/__init__.py``): a pay
 row is ``25 cols / 32`` bytes (6.25 bits/value); P_r is this rank's own payload read
 back (from ``own`` or its published region), never its unquantized input, so every rank
 sums the same W payloads in the same order 0..W-1 and gets the same bits. A tile is T
-sub-blocks of 32 values in row-major order (``backends.kernels.wht6_tile``). Rows whose
+sub-blocks of 32 values in row-major order, encoded and decoded by the codec's own
+helpers (``backends.kernels.wht6_tile``), so a payload and a sum are bit for bit those
+of ``wht6_encode`` and ``wht6_decode_accumulate``. Rows whose
 ``cols`` is not a multiple of 256 are zero-padded to the next multiple: the payload is
 that of the padded row and the padding is never stored to ``out`` (the backend passes
 multiples of 256 only; the kernel is tested with both).
@@ -47,38 +49,18 @@ by every thread (plain loads and stores: no read-modify-write on host memory, wh
 does not make atomic); ROCm: Triton atomics (a CAS that never matches, an exchange);
 the Triton interpreter (programs run one after another): plain volatile loads and stores.
 
-Triton is imported at the first launch (this module imports without Triton). Launches
-use ``enable_fp_fusion=False``, as the codec's kernels do.
+The launch front end is ``backends.kernels.oneshot_wht6`` (no Triton import); it imports
+this module at its first launch. Launches use ``enable_fp_fusion=False``, as the codec's
+kernels do.
 """
 
-from __future__ import annotations
+import triton
+import triton.language as tl
 
-from typing import Any, Sequence
-
-import torch
-
-from backends import envs
-from backends.wht6 import BLOCK, BLOCK_BYTES, SUB
+from backends.kernels import wht6_tile
 
 
-
-SUBS_PER_PROGRAM = 64  # T: sub-blocks per tile (2048 values), as in the codec's kernels
-MAX_RANKS = 8  # payload and flag pointer arguments
-ITERS_PER_MS = 1000  # spin bound without a timer (see module doc)
-#: flag value of a passive peer (timing mode): above any epoch a run reaches; its
-#: signature is not checked
-PASSIVE_EPOCH = 2 ** 62
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# bf16 pieces that carry the input exactly / the sum well below one output rounding
-# (the codec's encode and decode_accumulate kernels use the same).
-_SPLITS_IN = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
-_SPLITS_OUT = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 3}
-
-tl: Any = None  # triton.language, bound by _kernel() at the first launch
-wht6_tile: Any = None  # backends.kernels.wht6_tile, bound likewise
-_jitted: Any = None
-
-
+@triton.jit
 def _nth(i: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
     # Pointer argument number i (i is a compile-time constant).
     v = a0
@@ -99,6 +81,7 @@ def _nth(i: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
     return v
 
 
+@triton.jit
 def _load_flag(ptr, SYNC: tl.constexpr):
     if SYNC == 1:
         v = tl.inline_asm_elementwise("ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [ptr],
@@ -111,6 +94,7 @@ def _load_flag(ptr, SYNC: tl.constexpr):
     return v
 
 
+@triton.jit
 def _store_flag(ptr, value, SYNC: tl.constexpr):
     if SYNC == 1:
         tl.inline_asm_elementwise("st.release.sys.global.b64 [$1], $2; mov.u32 $0, 0;",
@@ -121,6 +105,7 @@ def _store_flag(ptr, value, SYNC: tl.constexpr):
         tl.store(ptr, value)
 
 
+@triton.jit
 def _clock(TIMER: tl.constexpr):
     if TIMER:
         now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
@@ -130,15 +115,8 @@ def _clock(TIMER: tl.constexpr):
     return now
 
 
-def _value_ptrs(base, f0, n_sub, subs_per_row, cols, row_stride, T: tl.constexpr):
-    # Like wht6_tile.subblock_ptrs, with the padding columns (>= cols) masked off.
-    f = f0 + tl.arange(0, T).to(tl.int64)
-    col = (f % subs_per_row)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    offs = (f // subs_per_row)[:, None] * row_stride + col
-    return base + offs, (f < n_sub)[:, None] & (col < cols)
-
-
-def _oneshot_wht6_kernel(
+@triton.jit(do_not_specialize=["rank", "n_sub", "region_bytes", "timeout", "sig"])
+def oneshot_wht6_kernel(
     x_ptr,              # this rank's slice [rows, cols], unit column stride
     out_ptr,            # the reduced slice [rows, cols], same dtype
     pub0, pub1, pub2, pub3, pub4, pub5, pub6, pub7,  # *u8 every rank's payload buffer
@@ -148,21 +126,21 @@ def _oneshot_wht6_kernel(
                         # rank order; unused repeat flag0
     own_ptr,            # *u8 private copy of this rank's payload (read if OWN_COPY)
     err_ptr,            # *i64 [3] error words: epoch, peer + 1, kind (1 timeout, 2 mismatch)
+    levels,             # *fp32 [64] the codec's dequantization factors (wht6_launch.levels)
     rank,               # this rank, 0..W-1
     n_sub,              # rows * cols_padded / 32 sub-blocks; 0 = warm-up, touches nothing
     subs_per_row,       # cols_padded / 32
     cols,               # real columns (the rest of a padded row is zeros)
     x_row_stride,       # elements between rows of x
     out_row_stride,     # elements between rows of out
-    pay_row_w64,        # payload row stride in int64 words (25 cols_padded / 256)
+    pay_row_bytes,      # payload row stride in bytes (25 cols_padded / 32)
     region_bytes,       # bytes of one payload region (a multiple of 8)
     timeout,            # spin bound: nanoseconds (TIMER) or flag reads
     sig,                # this call's signature hash (> 0): every rank's must be equal
     W: tl.constexpr,         # ranks, 1..8
-    T: tl.constexpr,         # sub-blocks per tile, a multiple of 8
-    SPLITS_IN: tl.constexpr,   # bf16 pieces for the forward rotation
-    SPLITS_OUT: tl.constexpr,  # bf16 pieces for the inverse rotation
-    DOT_FP32: tl.constexpr,    # rotation products in fp32 (interpreter)
+    T: tl.constexpr,         # sub-blocks per tile, a multiple of 32 * num_warps
+    PADDED: tl.constexpr,      # cols is not a multiple of 256 (mask the padding columns)
+    NV_SQRT: tl.constexpr,     # NVIDIA's sqrt fast path (wht6_tile): CUDA only
     OWN_COPY: tl.constexpr,    # also write own_ptr, and read this rank's payload there
     SYNC: tl.constexpr,        # 0 plain (interpreter), 1 PTX acquire/release, 2 atomics
     TIMER: tl.constexpr,       # bound by %globaltimer (else by iterations)
@@ -180,21 +158,15 @@ def _oneshot_wht6_kernel(
         region = (t % 2) * region_bytes
         n_tiles = tl.cdiv(n_sub, T)
         for tile in range(pid, n_tiles, ctas):
-            f0 = tile * T  # int32: launch checks n_sub < 2**31; helpers widen
-            ptrs, mask = _value_ptrs(x_ptr, f0, n_sub, subs_per_row, cols, x_row_stride, T)
-            nib, high, rec = wht6_tile.encode_tile(
-                tl.load(ptrs, mask=mask, other=0.0).to(tl.float32), T, SPLITS_IN, DOT_FP32)
-            nib_p, high_p, rec_p, sub_m, blk_m = wht6_tile.payload_ptrs(
-                my_pub + region, f0, n_sub, subs_per_row, pay_row_w64, T)
-            tl.store(nib_p, nib, mask=sub_m[:, None])
-            tl.store(high_p, high, mask=sub_m[:, None])
-            tl.store(rec_p, rec, mask=blk_m)
+            # int32 indices: launch checks n_sub < 2**31; the helpers widen addresses
+            row, j, ok = wht6_tile.tile_of(tile, T, n_sub, subs_per_row)
+            x0, x1, x2, x3 = wht6_tile.load_values(x_ptr, row, j, ok, x_row_stride, cols, PADDED)
+            nib, high, rec = wht6_tile.encode_tile(x0, x1, x2, x3, T, NV_SQRT)
+            wht6_tile.store_payload(my_pub + region, row, j, ok, subs_per_row, pay_row_bytes,
+                                    nib, high, rec)
             if OWN_COPY:
-                nib_p, high_p, rec_p, sub_m, blk_m = wht6_tile.payload_ptrs(
-                    own_ptr, f0, n_sub, subs_per_row, pay_row_w64, T)
-                tl.store(nib_p, nib, mask=sub_m[:, None])
-                tl.store(high_p, high, mask=sub_m[:, None])
-                tl.store(rec_p, rec, mask=blk_m)
+                wht6_tile.store_payload(own_ptr, row, j, ok, subs_per_row, pay_row_bytes,
+                                        nib, high, rec)
         # The call's signature beside the flag, in the slot of its parity (a peer one
         # call ahead writes the other slot), before the release that publishes both.
         tl.store(my_flag + ctas * (1 + t % 2), sig)
@@ -233,119 +205,24 @@ def _oneshot_wht6_kernel(
             if OWN_COPY:
                 own_src = own_ptr
             for tile in range(pid, n_tiles, ctas):
-                f0 = tile * T  # int32: launch checks n_sub < 2**31; helpers widen
+                row, j, ok = wht6_tile.tile_of(tile, T, n_sub, subs_per_row)
                 src = pub0 + region
                 if rank == 0:
                     src = own_src
-                acc = wht6_tile.load_dequantize(src, f0, n_sub, subs_per_row, pay_row_w64, T)
+                a0, a1, a2, a3, sbits = wht6_tile.load_dequantize(
+                    src, row, j, ok, subs_per_row, pay_row_bytes, levels)
                 for p in tl.static_range(1, W):
                     src = _nth(p, pub0, pub1, pub2, pub3, pub4, pub5, pub6, pub7) + region
                     if p == rank:
                         src = own_src
-                    acc += wht6_tile.load_dequantize(src, f0, n_sub, subs_per_row,
-                                                     pay_row_w64, T)
-                res = wht6_tile.decode_tile(acc, out_ptr.dtype.element_ty, T, SPLITS_OUT,
-                                            DOT_FP32)
-                ptrs, mask = _value_ptrs(out_ptr, f0, n_sub, subs_per_row, cols,
-                                         out_row_stride, T)
-                tl.store(ptrs, res, mask=mask)
-
-
-def _kernel() -> Any:
-    global tl, wht6_tile, _jitted, _nth, _load_flag, _store_flag, _clock, _value_ptrs
-    if _jitted is None:
-        try:
-            import triton
-            import triton.language as language
-        except ImportError as e:
-            raise RuntimeError(f"oneshot_wht6 on a GPU needs Triton: pip install triton "
-                               f"({e})") from None
-        from backends.kernels import wht6_tile as tiles
-
-        tl, wht6_tile = language, tiles
-        _nth, _load_flag, _store_flag, _clock, _value_ptrs = (
-            triton.jit(f) for f in (_nth, _load_flag, _store_flag, _clock, _value_ptrs))
-        # Values that change from call to call must not select a new specialization
-        # (a compile mid-run would keep every peer spinning): see ``launch``.
-        _jitted = triton.jit(_oneshot_wht6_kernel,
-                             do_not_specialize=["rank", "n_sub", "region_bytes", "timeout", "sig"])
-    return _jitted
-
-
-
-
-def padded_cols(cols: int) -> int:
-    return -(-cols // BLOCK) * BLOCK
-
-
-def payload_bytes_per_row(cols: int) -> int:
-    """Bytes of one payload row for ``cols`` values (padded to a multiple of 256)."""
-    return padded_cols(cols) // BLOCK * BLOCK_BYTES
-
-
-def modes(device: torch.device) -> tuple[int, bool]:
-    """(SYNC, TIMER) for kernels on ``device`` (see the module doc)."""
-    if envs.triton_interpreter() or device.type == "cpu":
-        return 0, False
-    if torch.version.hip is not None:
-        return 2, False
-    return 1, True
-
-
-def launch(x: torch.Tensor, out: torch.Tensor, pubs: Sequence[Any], flags: Sequence[Any],
-           own: Any, err: Any, rank: int, region_bytes: int, timeout_ms: float, ctas: int,
-           sig: int = 1, warm_up: bool = False) -> None:
-    """Enqueue one call on the current stream (see the module doc).
-
-    ``pubs`` / ``flags``: every rank's payload buffer (uint8, two regions of
-    ``region_bytes``) and flag words (int64, at least ``ctas``), in rank order, as
-    tensors or :func:`backends.kernels.pointers.kernel_pointer` s. ``own``: this rank's private payload copy (or
-    None: its payload is read back from ``pubs[rank]``). ``err``: int64 [2] error words.
-    ``sig``: the call's signature hash (1 .. 2**31 - 1), equal on every rank of one call.
-    ``warm_up``: compile and launch with no work (no epoch, no flag), so that a later
-    call does not compile while peers spin.
-    """
-    for label, t in (("x", x), ("out", out)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in DTYPES:
-            raise TypeError(f"oneshot_wht6: {label} must be a 2-D tensor of {DTYPES}")
-        if t.numel() and t.stride(1) != 1:
-            raise ValueError(f"oneshot_wht6: {label} needs unit column stride")
-    if x.shape != out.shape or x.dtype != out.dtype:
-        raise ValueError(f"oneshot_wht6: out {tuple(out.shape)} {out.dtype} must match x "
-                         f"{tuple(x.shape)} {x.dtype}")
-    size = len(pubs)
-    if not 1 <= size <= MAX_RANKS or len(flags) != size:
-        raise ValueError(f"oneshot_wht6: need 1..{MAX_RANKS} payload buffers and as many flag "
-                         f"arrays, got {size} and {len(flags)}")
-    # The kernel's pointer arithmetic follows each argument's dtype.
-    for label, group, dtype in (("pubs", pubs, torch.uint8), ("flags", flags, torch.int64),
-                                ("own", [own] if own is not None else [], torch.uint8),
-                                ("err", [err], torch.int64)):
-        if any(getattr(a, "dtype", None) != dtype for a in group):
-            raise TypeError(f"oneshot_wht6: {label} must be {dtype} (tensors or kernel_pointer)")
-    if not 0 <= rank < size:
-        raise ValueError(f"oneshot_wht6: rank {rank} outside 0..{size - 1}")
-    if not isinstance(ctas, int) or ctas < 1:
-        raise ValueError(f"oneshot_wht6: ctas must be an int >= 1, got {ctas!r}")
-    if not isinstance(sig, int) or not 0 < sig < 2 ** 31:
-        raise ValueError(f"oneshot_wht6: sig must be an int in 1..2**31-1, got {sig!r}")
-    rows, cols = x.shape
-    row_bytes = payload_bytes_per_row(cols) if cols else 0
-    if rows * row_bytes > region_bytes or region_bytes % 8:
-        raise ValueError(f"oneshot_wht6: payload of {rows}x{cols} needs {rows * row_bytes} B, "
-                         f"region is {region_bytes} B (a multiple of 8 is required)")
-    n_sub = 0 if warm_up else rows * padded_cols(cols) // SUB
-    if n_sub >= 2 ** 31:
-        raise ValueError(f"oneshot_wht6: {rows}x{cols} is over 2**36 values; split the call")
-    if n_sub == 0 and not warm_up:
-        return
-    sync, timer = modes(x.device)
-    bound = int(timeout_ms * 1e6) if timer else int(timeout_ms * ITERS_PER_MS)
-    pad = MAX_RANKS - size
-    _kernel()[(ctas,)](
-        x, out, *pubs, *([pubs[0]] * pad), *flags, *([flags[0]] * pad),
-        own if own is not None else pubs[rank], err, rank, n_sub, padded_cols(cols) // SUB,
-        cols, max(x.stride(0), 1), max(out.stride(0), 1), row_bytes // 8, region_bytes,
-        max(bound, 1), sig, W=size, T=SUBS_PER_PROGRAM, SPLITS_IN=_SPLITS_IN[x.dtype],
-        SPLITS_OUT=_SPLITS_OUT[x.dtype], DOT_FP32=sync == 0, OWN_COPY=own is not None,
-        SYNC=sync, TIMER=timer, enable_fp_fusion=False)
+                    b0, b1, b2, b3, bits = wht6_tile.load_dequantize(
+                        src, row, j, ok, subs_per_row, pay_row_bytes, levels)
+                    a0 += b0
+                    a1 += b1
+                    a2 += b2
+                    a3 += b3
+                    sbits = tl.maximum(sbits, bits)
+                x0, x1, x2, x3 = wht6_tile.decode_tile(a0, a1, a2, a3, sbits,
+                                                       out_ptr.dtype.element_ty, T)
+                wht6_tile.store_values(out_ptr, row, j, ok, out_row_stride, cols,
+                                       x0, x1, x2, x3, PADDED)

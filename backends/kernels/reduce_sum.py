@@ -1,25 +1,13 @@
 """Local reduce of the sdma backend: ``out = round(sum_{w=0..W-1} fp32(x_w))``.
 
-Math. For W equally shaped contiguous inputs x_0..x_{W-1} (bf16, fp16 or fp32) and every
-element i::
+The math and the work split are in the kernel module's doc
+(``backends.kernels.reduce_sum_kernel``); :func:`reference_reduce_sum` here does the same
+adds in the same order with torch ops (CPU worlds), so both give the same bits.
 
-    acc_i = fp32(x_0[i])
-    acc_i = acc_i + fp32(x_w[i])        for w = 1, ..., W-1, in this order (IEEE fp32 adds)
-    out[i] = round_to_nearest_even(acc_i, dtype of out)     (and ``also[i]``, if given)
-
-The order is fixed (rank order), the accumulator is fp32 and the result is rounded once,
-so every rank that sums the same inputs gets the same bits, on the GPU (this kernel)
-and on the CPU (:func:`reference_reduce_sum`, the same adds in the same order). No
-multiply is involved, so no fused multiply-add can change a rounding.
-
-Work: one pass, W reads and one (or two) writes per element: memory-bound. A few
-persistent CTAs (2 per SM by default) walk the flat index space in BLOCK-element
-steps (grid-stride), each thread holding 16-byte vectors, which is what it takes to
-reach HBM bandwidth without flooding the machine with CTAs while a GEMM runs beside it.
-
-Triton is imported at the first launch (never at module import): this module imports
-on a CPU-only machine without Triton. Set ``TRITON_INTERPRET=1`` before the first
-launch to run the kernel on CPU tensors (tests do, in a subprocess).
+This module is the host side and imports on a CPU-only machine without Triton; the
+kernel is ``backends.kernels.reduce_sum_kernel``, imported at the first launch. Set
+``TRITON_INTERPRET=1`` before that to run the kernel on CPU tensors (tests do, in a
+subprocess).
 """
 
 from __future__ import annotations
@@ -33,65 +21,17 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BLOCK = 2048  # elements per step: 256 threads (8 warps) x 8 bf16 = one 16-byte vector each
 NUM_WARPS = 8
 
-tl: Any = None  # triton.language, bound by _kernel() at the first launch
-_jitted: Any = None
-
-
-def _reduce_sum_kernel(
-    x0, x1, x2, x3, x4, x5, x6, x7,  # input pointers in rank order; unused ones repeat x0
-    out_ptr,                          # output pointer, dtype of the result
-    also_ptr,                         # second output (same values) if HAS_ALSO, else = out_ptr
-    n,                                # elements per input
-    W: tl.constexpr,                  # number of inputs summed, 1..8
-    HAS_ALSO: tl.constexpr,           # also write ``also_ptr``
-    BLOCK: tl.constexpr,              # elements per program per step
-):
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
-    for start in range(pid * BLOCK, n, step):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < n
-        acc = tl.load(x0 + offs, mask=mask, other=0.0).to(tl.float32)
-        if W > 1:
-            acc += tl.load(x1 + offs, mask=mask, other=0.0).to(tl.float32)
-        if W > 2:
-            acc += tl.load(x2 + offs, mask=mask, other=0.0).to(tl.float32)
-        if W > 3:
-            acc += tl.load(x3 + offs, mask=mask, other=0.0).to(tl.float32)
-        if W > 4:
-            acc += tl.load(x4 + offs, mask=mask, other=0.0).to(tl.float32)
-        if W > 5:
-            acc += tl.load(x5 + offs, mask=mask, other=0.0).to(tl.float32)
-        if W > 6:
-            acc += tl.load(x6 + offs, mask=mask, other=0.0).to(tl.float32)
-        if W > 7:
-            acc += tl.load(x7 + offs, mask=mask, other=0.0).to(tl.float32)
-        result = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + offs, result, mask=mask)
-        if HAS_ALSO:
-            tl.store(also_ptr + offs, result, mask=mask)
-
-
-_POINTERS = ("x0", "x1", "x2", "x3", "x4", "x5", "x6", "x7", "out_ptr", "also_ptr")
-
 
 def _kernels() -> tuple[Any, Any]:
     """(fast, generic): fast is specialized for 16-byte aligned pointers and n % 16 == 0
     (16-byte vector loads); generic is specialized on nothing. Each compiles to ONE
     variant per (dtypes, W, HAS_ALSO), so :func:`warm_up` can load every variant a run
     will use before any stream blocks (see :func:`warm_up`)."""
-    global tl, _jitted
-    if _jitted is None:
-        try:
-            import triton
-            import triton.language as language
-        except ImportError as e:
-            raise RuntimeError(f"reduce_sum on a GPU needs Triton: pip install triton ({e})") from None
-        tl = language
-        _jitted = (triton.jit(_reduce_sum_kernel),
-                   triton.jit(_reduce_sum_kernel, do_not_specialize=["n"],
-                              do_not_specialize_on_alignment=list(_POINTERS)))
-    return _jitted
+    try:
+        from backends.kernels import reduce_sum_kernel as k
+    except ImportError as e:
+        raise RuntimeError(f"reduce_sum on a GPU needs Triton: pip install triton ({e})") from None
+    return k.reduce_sum_kernel, k.reduce_sum_kernel_generic
 
 
 def _check(inputs: Sequence[torch.Tensor], out: torch.Tensor, also: torch.Tensor | None) -> None:

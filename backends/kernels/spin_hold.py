@@ -8,22 +8,21 @@ flag until the host sets it non-zero. The spin is bounded by ``max_iters`` reads
 host memory (each one a PCIe round trip of about a microsecond), so a host that dies
 does not leave the GPU spinning forever.
 
-Triton is imported at the first launch (this module imports without Triton).
+This module imports Triton; its callers (tools/spin_probe.py, diagnostics/cu_free_check.py)
+import it where they launch, on GPU paths only.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+import triton
+import triton.language as tl
 
 from backends.kernels.pointers import HostPointer
 
-tl: Any = None  # triton.language, bound by _kernel() at the first launch
-_jitted: Any = None
 
-
-def _spin_hold_kernel(
+@triton.jit
+def spin_hold_kernel(
     flag_ptr,       # int32 in pinned host memory: 0 = hold, anything else = release
     started_ptr,    # int32 [programs] in pinned host memory: SM id + 1 once running
     max_iters,      # bound on flag reads, so the spin always ends
@@ -43,17 +42,6 @@ def _spin_hold_kernel(
         i += 1
 
 
-def _kernel() -> Any:
-    global tl, _jitted
-    if _jitted is None:
-        import triton
-        import triton.language as language
-
-        tl = language
-        _jitted = triton.jit(_spin_hold_kernel)
-    return _jitted
-
-
 def launch(flag: torch.Tensor, started: torch.Tensor, max_iters: int, num_warps: int = 4) -> bool:
     """Launch ``started.numel()`` spinning programs on the current stream (see module doc).
 
@@ -67,9 +55,9 @@ def launch(flag: torch.Tensor, started: torch.Tensor, max_iters: int, num_warps:
     args = (HostPointer(flag), HostPointer(started), max_iters)
     if torch.version.hip is None:
         try:
-            _kernel()[(started.numel(),)](*args, RECORD_SM=True, num_warps=num_warps)
+            spin_hold_kernel[(started.numel(),)](*args, RECORD_SM=True, num_warps=num_warps)
             return True
         except Exception:  # noqa: BLE001 -- an older Triton without operand-less inline asm
             pass
-    _kernel()[(started.numel(),)](*args, RECORD_SM=False, num_warps=num_warps)
+    spin_hold_kernel[(started.numel(),)](*args, RECORD_SM=False, num_warps=num_warps)
     return False

@@ -1,11 +1,11 @@
 """wht6: a 6.25-bit Walsh-Hadamard codec for compressed all-reduce.
 
 Public API: ``encode``, ``decode``, ``decode_accumulate``, ``bits_per_value``,
-``payload_shape``, ``cols_reason``, and the format constants (defined once, in
-``reference.py``): ``BLOCK``, ``SUB``, ``GROUP``, ``BLOCK_BYTES``,
-``payload_bytes_per_row``, ``SCALE_MIN``. CUDA/ROCm tensors run Triton kernels (imported
-lazily), every other device runs the plain-torch reference (``reference.py``, the spec
-in code).
+``payload_shape``, ``cols_reason``, and the format constants and sizes, defined once in
+``reference.py`` (every other module imports them from here): ``BLOCK``, ``SUB``,
+``GROUP``, ``BLOCK_BYTES``, ``SCALE_MIN``, ``padded_cols``, ``payload_bytes_per_row``.
+CUDA/ROCm tensors run Triton kernels (imported lazily), every other device runs the
+plain-torch reference (``reference.py``, the spec in code).
 
 Wire format
 -----------
@@ -77,11 +77,11 @@ their measured errors, and the Student-t target it does not meet are in docs/his
 import torch
 
 from . import reference
-from .reference import BLOCK, BLOCK_BYTES, GROUP, SCALE_MIN, SUB, payload_bytes_per_row
+from .reference import BLOCK, BLOCK_BYTES, GROUP, SCALE_MIN, SUB, padded_cols, payload_bytes_per_row
 
 __all__ = ["BLOCK", "BLOCK_BYTES", "GROUP", "MAX_PAYLOADS", "SCALE_MIN", "SUB", "payload_bytes",
            "SUM_REL_RMS_BOUND", "bits_per_value", "cols_reason", "decode", "decode_accumulate",
-           "encode", "payload_bytes_per_row", "payload_shape"]
+           "encode", "padded_cols", "payload_bytes_per_row", "payload_shape"]
 
 #: bound on the relative RMS error of a decode_accumulate of W encoded bf16 tensors vs
 #: their exact sum, on Gaussian-like data: one payload's error is ~0.021 relative
@@ -198,8 +198,8 @@ def decode(payload: torch.Tensor, shape, dtype: torch.dtype, out: torch.Tensor =
         if out.device != payload.device:
             raise ValueError(f"out is on {out.device}, expected {payload.device}")
     if payload.is_cuda:
-        from backends.kernels.wht6_decode import wht6_decode
-        return wht6_decode(payload, (rows, cols), dtype, out)
+        from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
+        return wht6_decode_accumulate([payload], (rows, cols), dtype, out)
     result = reference.decode(payload, (rows, cols), dtype)
     return result if out is None else out.copy_(result)
 

@@ -33,9 +33,16 @@ if sys.byteorder != "little":  # the scale record is defined as a little-endian 
     raise ImportError("backends.wht6 supports little-endian hosts only")
 
 
+def padded_cols(cols: int) -> int:
+    """``cols`` rounded up to whole blocks: a kernel that takes any ``cols`` (the fused
+    one-shot all-reduce) codes a row as if zero-padded to this width."""
+    return -(-cols // BLOCK) * BLOCK
+
+
 def payload_bytes_per_row(cols: int) -> int:
-    """Bytes of one payload row: nibble plane, high-bit plane, then scale records."""
-    return cols // BLOCK * BLOCK_BYTES
+    """Bytes of one payload row (nibble plane, high-bit plane, then scale records) of
+    ``cols`` values, zero-padded to whole blocks (:func:`padded_cols`)."""
+    return padded_cols(cols) // BLOCK * BLOCK_BYTES
 
 
 def plane_offsets(cols: int) -> tuple:
@@ -79,6 +86,15 @@ def level(q: torch.Tensor) -> torch.Tensor:
     (slope 3/4 there, 5/4 at the top) and 1 (to fp32 rounding) for q = 31."""
     t = (2 * q + 1).to(torch.float32) * INV63
     return t * (3.0 + t) * 0.25
+
+
+def signed_levels(factor: float = 1.0) -> torch.Tensor:
+    """fp32 value of each 6-bit code 0..63 in units of the sub-block scale, times
+    ``factor`` (a power of two): ``+-level(code & 31) * factor``, negative from code 32 on.
+    ``dequantize`` computes exactly these products (the kernels read them from a table)."""
+    code = torch.arange(2 * MAG_LEVELS)
+    v = level(code & (MAG_LEVELS - 1)) * factor
+    return torch.where(code >= MAG_LEVELS, -v, v)
 
 
 def quantize_magnitude(u: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,79 @@
+"""Launch shapes and the device-side level table of the wht6 kernels (host code; no
+Triton here, so the sweep in tools/bench_codec.py can list the shapes anywhere).
+
+A launch shape is (T, num_warps): T sub-blocks of 32 values per program and the
+program's warps. T is a multiple of 32 * num_warps: every thread holds T / (32 *
+num_warps) whole sub-blocks (``wht6_tile``), so T = 32 * num_warps gives one sub-block
+(32 values, ~50-64 registers in an offline sm_90 compile) per thread and 64 * num_warps
+two (more work in flight per thread, about twice the registers).
+
+The shape comes from the tables below by kernel and shape class, never from timing at
+run time. The class is what fixes a compiled variant anyway (the input dtype for
+encode, the number of payloads for decode-accumulate), never the row count: the
+backends compile their kernels before any peer waits by running them on 1 and 2 rows
+of the real columns (``sdma_wht6._warm_codec``), and a shape keyed by rows would leave
+a variant to compile at a first large call, while a peer's stream may be blocked.
+
+The values are the offline choice (one sub-block per thread, 4 warps: the fewest
+registers, so the most warps per SM to hide memory latency) until a GPU sweep picks
+them: ``python tools/bench_codec.py --device cuda --sweep`` times every shape of
+``CANDIDATES`` per kernel and class.
+"""
+from __future__ import annotations
+
+import torch
+
+from backends import envs
+from backends.wht6 import reference
+
+#: (T, num_warps) candidates the sweep times; T / (32 num_warps) sub-blocks per thread.
+CANDIDATES = ((64, 2), (128, 4), (256, 8), (256, 4), (512, 8), (512, 4))
+
+#: encode: by bytes per input value (2: bf16/fp16, 4: fp32)
+ENCODE = {2: (128, 4), 4: (128, 4)}
+#: decode-accumulate: by the largest payload count of a class (1, 2, 4, 8)
+DECODE = {1: (128, 4), 2: (128, 4), 4: (128, 4), 8: (128, 4)}
+#: the fused one-shot all-reduce: one tile of T sub-blocks at a time per CTA
+ONESHOT = (128, 4)
+
+_levels: dict = {}
+
+
+def encode_shape(dtype: torch.dtype) -> tuple:
+    """(T, num_warps) for encoding ``dtype`` values."""
+    return ENCODE[torch.empty((), dtype=dtype).element_size()]
+
+
+def decode_shape(n_payloads: int) -> tuple:
+    """(T, num_warps) for summing ``n_payloads`` payloads (1..8)."""
+    return DECODE[min(w for w in DECODE if w >= n_payloads)]
+
+
+def check_shape(shape) -> tuple:
+    """A caller's (T, num_warps), validated."""
+    if (not isinstance(shape, tuple) or len(shape) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in shape)):
+        raise TypeError(f"launch shape must be a (T, num_warps) tuple of ints, got {shape!r}")
+    t, warps = shape
+    if warps not in (1, 2, 4, 8, 16) or t < 32 * warps or t & (t - 1):
+        raise ValueError(f"launch shape (T, num_warps) needs num_warps in 1..16 (a power of two) "
+                         f"and T a power of two >= 32 * num_warps, got {shape}")
+    return shape
+
+
+def levels(device: torch.device) -> torch.Tensor:
+    """The 64 fp32 dequantization factors ``reference.signed_levels(HEADROOM)`` on
+    ``device`` (their bits are the reference's), built once per device and kept."""
+    table = _levels.get(device)
+    if table is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("wht6: the first decode on a device must run outside CUDA graph "
+                               "capture (it uploads the level table); decode once before capturing")
+        table = _levels[device] = reference.signed_levels(reference.HEADROOM).to(device)
+    return table
+
+
+def nv_sqrt(device: torch.device) -> bool:
+    """Whether kernels on ``device`` take NVIDIA's sqrt fast path (``wht6_tile``): on
+    CUDA devices, not under the Triton interpreter and not on ROCm."""
+    return device.type == "cuda" and torch.version.hip is None and not envs.triton_interpreter()
