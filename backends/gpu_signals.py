@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from backends.call_contract import (CallSignature, CollectiveMismatchError, PeerAbortedError, PeerTimeoutError,
+from backends.call_contract import (CollectiveMismatchError, PeerAbortedError, PeerTimeoutError,
                                     device_tag)
 from backends.copy_engine import MASK32, CopyEngine
 from backends.peer_memory import PeerBuffer
@@ -40,8 +40,8 @@ class GpuSignals(Signals):
         # (peer, slot, epoch, value, what) of the waits enqueued since the last check
         self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
 
-    def post(self, slot: str, epoch: int, stream: int, sig: CallSignature | None = None) -> None:
-        value = epoch if slot == "done" else self.tag(epoch, sig)
+    def post(self, slot: str, epoch: int, stream: int) -> None:
+        value = epoch if slot == "done" else self.tag(epoch)
         self.engine.write_value(stream, self._addr[self.rank] + _word(slot, epoch) * SLOT_BYTES,
                                 value)
 

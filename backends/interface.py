@@ -174,13 +174,6 @@ class Backend(abc.ABC):
         the previous call left there (a cross-rank fence, no host sync)."""
         raise TypeError(f"backend {self.name!r} has no peer-visible input buffer")
 
-    def publish_early(self, slice_in: torch.Tensor) -> None:
-        """Let the peers read ``slice_in`` as soon as the producer has written it: enqueued
-        on the CURRENT stream (the producer's), before this rank's all_reduce of it. The op
-        calls it after each GEMM slice, in slice order; the following all_reduce calls
-        must reduce the same slices in the same order (a backend that publishes early
-        raises otherwise). Default: nothing; the all_reduce call publishes."""
-
     def fill_passive_peers(self) -> None:
         """Timing mode of an emulated world: make every other rank a passive peer whose
         payloads and flags for all future calls are already in host memory, so one active

@@ -45,8 +45,6 @@ operations, so a captured graph would replay stale epochs.
 
 from __future__ import annotations
 
-import collections
-
 import torch
 
 from backends.copy_engine import CopyEngine, bindings_reason, platform
@@ -92,14 +90,8 @@ class SdmaBackend(Backend):
             (world.kind, self.platform)]
         self.emulated = world.kind == "gpu-emulated"
         self.engine = CopyEngine(world.device) if world.size > 1 else None
-        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D); the
-        #: slices the op publishes early (from the producer's stream) on a second one, so a
-        #: call's reduced-shard publish never queues behind later slices' inputs
+        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D)
         self._lane = PublishLane(world.device) if self.emulated and world.size > 1 else None
-        self._early_lane = (PublishLane(world.device) if self.emulated and world.size > 1
-                            else None)
-        #: (epoch, byte offset, bytes, signature) of slices published early, not yet reduced
-        self._early: collections.deque = collections.deque()
         self.signals: Signals | None = None
         if world.size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
@@ -180,14 +172,6 @@ class SdmaBackend(Backend):
         if self.signals is not None:
             self.signals.faults.refuse_if_faulted()
             try:
-                if self._early:
-                    raise RuntimeError(
-                        f"sdma.acquire_input_view: {len(self._early)} slice(s) of the previous "
-                        "op call were published early but never reduced; peers may have read "
-                        "them under call numbers a later call would reuse: call resync() on "
-                        "every rank")
-                if self._early_lane is not None:
-                    self._early_lane.join()  # the next GEMM overwrites what it copied
                 stream = current_stream_handle(self.world.device)
                 with traced(self.trace, stream, "fence"):
                     self._fence(0, self.capacity, stream)
@@ -196,39 +180,6 @@ class SdmaBackend(Backend):
                 raise
         return typed_view(self._input_base(), rows, cols, dtype)
 
-    def publish_early(self, slice_in: torch.Tensor) -> None:
-        """See :meth:`Backend.publish_early`. ``slice_in``: rows of this op call's
-        :meth:`acquire_input_view` (which fenced the whole buffer, so no fence here). Posts
-        ``ready`` with the tag of the call that will reduce it: the next call number not
-        yet taken by an earlier early slice. A subclass whose input is not peer-visible
-        (``sdma_wht6``: it publishes an encoded payload) publishes in its calls instead."""
-        if self.signals is None or not self.peer_visible_input:
-            return
-        self.signals.faults.refuse_if_faulted()
-        nbytes = slice_in.numel() * slice_in.element_size()
-        base = self._input_base()
-        off = slice_in.data_ptr() - base.data_ptr()
-        if not (slice_in.device == base.device and slice_in.is_contiguous() and 0 <= off
-                and off + nbytes <= self.capacity and off % slice_in.element_size() == 0):
-            raise ValueError("sdma.publish_early: slice_in must be contiguous rows of the view "
-                             "acquire_input_view returned for this op call")
-        epoch = self.signals.epoch + 1 + len(self._early)
-        sig = self.signature(slice_in)
-        stream = current_stream_handle(self.world.device)
-        try:
-            if self._early_lane is None:  # the producer wrote the peer-visible buffer itself
-                with traced(self.trace, stream, "publish early"):
-                    self.signals.post("ready", epoch, stream, sig)
-            else:
-                with self._early_lane.publishing(0) as lane, \
-                        traced(self.trace, lane, "publish early"):
-                    self.engine.copy(self._pub.local[off:off + nbytes], slice_in, lane)
-                    self.signals.post("ready", epoch, lane, sig)
-        except BaseException as e:
-            self.signals.fail(e)
-            raise
-        self._early.append((epoch, off, nbytes, sig))
-
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
         check_slice(slice_in, out)
         if self.world.size == 1:
@@ -236,13 +187,8 @@ class SdmaBackend(Backend):
             return
         nbytes = self._check_fits(slice_in.numel() * slice_in.element_size())
         stream = current_stream_handle(self.world.device)
-        sig = self.signature(slice_in)
-        with self.signals.call(sig) as t:
-            off = self._published_early(t, sig, slice_in)
-            if off is None:
-                off, local = self._publish(t, slice_in, stream)
-            else:
-                local = slice_in.reshape(-1)
+        with self.signals.call(self.signature(slice_in)) as t:
+            off, local = self._publish(t, slice_in, stream)
             if self.schedule_for(nbytes) == "oneshot":
                 ops = self._pull_all(t, off, nbytes, stream)
                 self._reduce([local if q == self.world.rank else ops[q].view(out.dtype)
@@ -274,7 +220,6 @@ class SdmaBackend(Backend):
         if self.world.device.type == "cuda":
             torch.cuda.synchronize(self.world.device)
         self.signals.resync(self.world.memory.barrier)
-        self._early.clear()
         self._pending.clear()  # every peer read before the jump is over (no call in flight)
 
     def close(self) -> None:
@@ -287,7 +232,6 @@ class SdmaBackend(Backend):
         lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
         if self._lane is not None:
             lanes[self._lane.handle] = "publish lane"
-            lanes[self._early_lane.handle] = "early publish lane"
         self.trace = StepTrace(self.world.device, lanes)
         return self.trace
 
@@ -369,23 +313,6 @@ class SdmaBackend(Backend):
         self._post_publish(t, "ready", self._pub.local[off:off + nbytes] if copy else None,
                            slice_in, stream, fence=(off, off + nbytes))
         return off, slice_in.reshape(-1)
-
-    def _published_early(self, t: int, sig, slice_in: torch.Tensor) -> int | None:
-        """The byte offset of call ``t``'s slice if :meth:`publish_early` published it;
-        None if nothing is pending. Raises (inside the call: the fault reaches the peers)
-        if the early slice at the head is not this call's."""
-        if not self._early:
-            return None
-        epoch, off, nbytes, early_sig = self._early[0]
-        here = slice_in.data_ptr() - self._input_base().data_ptr()
-        if (epoch, off, nbytes, early_sig) != (t, here, slice_in.numel() * slice_in.element_size(),
-                                               sig):
-            raise RuntimeError(
-                f"{self.name}.all_reduce: call {t} ({sig}) at byte {here} is not the slice "
-                f"published early as call {epoch} ({early_sig}) at byte {off}: an op call's "
-                "all_reduce calls must follow its publish_early calls slice by slice")
-        self._early.popleft()
-        return off
 
     def _post_publish(self, t: int, slot: str, dst: torch.Tensor | None, src: torch.Tensor,
                       stream: int, fence: tuple[int, int] | None = None) -> None:
@@ -490,8 +417,6 @@ class SdmaBackend(Backend):
 
     def _quiesce(self) -> None:
         """Before buffers are replaced: every peer read done, every enqueued call finished."""
-        if self._early_lane is not None:
-            self._early_lane.join()
         if self.signals is None or not self._pending:
             return
         self._fence(0, self.capacity, current_stream_handle(self.world.device))

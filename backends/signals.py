@@ -174,12 +174,8 @@ class Signals(abc.ABC):
                 return sig
         return None
 
-    def tag(self, epoch: int, sig: CallSignature | None = None) -> int:
-        """The flag value of step ``ready``/``reduced`` of call ``epoch``: the current call,
-        or (``sig`` given) a later call whose slice is published ahead of it."""
-        if sig is not None:
-            assert epoch > self.epoch, "a call published ahead must come after the current one"
-            return self._make_tag(epoch, sig)
+    def tag(self, epoch: int) -> int:
+        """The flag value of step ``ready``/``reduced`` of the current call ``epoch``."""
         assert epoch == self.epoch and self._sig is not None, "post/wait outside its call"
         return self._make_tag(epoch, self._sig)
 
@@ -187,9 +183,8 @@ class Signals(abc.ABC):
     _make_tag = staticmethod(host_tag)
 
     @abc.abstractmethod
-    def post(self, slot: str, epoch: int, stream: int, sig: CallSignature | None = None) -> None:
-        """Publish step ``slot`` of call ``epoch`` once the stream's earlier work is done
-        (``sig``: of a later call published ahead, see :meth:`tag`)."""
+    def post(self, slot: str, epoch: int, stream: int) -> None:
+        """Publish step ``slot`` of call ``epoch`` once the stream's earlier work is done."""
 
     @abc.abstractmethod
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str) -> None:
@@ -280,10 +275,8 @@ class Signals(abc.ABC):
 class CpuSignals(Signals):
     """Host flags in shared memory; bounded Python spin (see the module doc)."""
 
-    def post(self, slot: str, epoch: int, stream: int = 0,
-             sig: CallSignature | None = None) -> None:
-        self._np[self.rank][_word(slot, epoch)] = (epoch if slot == "done"
-                                                   else self.tag(epoch, sig))
+    def post(self, slot: str, epoch: int, stream: int = 0) -> None:
+        self._np[self.rank][_word(slot, epoch)] = epoch if slot == "done" else self.tag(epoch)
 
     def wait(self, peer: int, slot: str, epoch: int, stream: int = 0, what: str = "a call") -> None:
         if peer in self._passive:

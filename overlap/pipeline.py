@@ -11,10 +11,7 @@ persistent buffers cross streams)::
                           y[b0:b1] (peer-visible or scratch)   y[b1:b2] ...
 
 - ``side`` first waits for main (x is prepared; the previous call's ARs, which read
-  ``y``, are done), then runs every GEMM slice into ``y``, lets the backend publish it
-  to the peers from there (``Backend.publish_early``: a copy and a flag on a stream of
-  the backend's that waits for this point of ``side``, so the peers need not wait for
-  this rank's AR of the previous slice) and marks event ``g_s``.
+  ``y``, are done), then runs every GEMM slice into ``y`` and marks event ``g_s``.
 - ``main`` waits for ``g_s`` and runs the backend's AR of rows ``b_s:b_s+1`` into ``out``.
 - When it returns, main has waited for every ``g_s``, so it is ordered after every
   side-stream use of ``x``, the scales and ``y``: freeing per-call tensors is safe and no
@@ -42,7 +39,6 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
         for s in range(slices):
             a, b = bounds[s], bounds[s + 1]
             producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
-            backend.publish_early(y[a:b])
             lanes.mark_side(s)
     for s in range(slices):
         a, b = bounds[s], bounds[s + 1]

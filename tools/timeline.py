@@ -92,9 +92,6 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
                     start.record(lanes.side)
                     prod.launch(prepared, a, b, y[a:b], lanes.side_handle)
                     end.record(lanes.side)
-                    if trace is not None:
-                        trace.slice = s
-                    backend.publish_early(y[a:b])
                     lanes.mark_side(s)
                     spans.append((GEMM_LANE, s, start, end, host))
             try:
