@@ -27,7 +27,7 @@ from backends import envs
 from backends.wht6 import reference
 
 #: (T, num_warps) candidates the sweep times; T / (32 num_warps) sub-blocks per thread.
-CANDIDATES = ((64, 2), (128, 4), (256, 8), (256, 4), (512, 8), (512, 4))
+CANDIDATES = ((64, 2), (128, 4), (256, 8), (32, 1), (256, 4), (512, 8))
 
 #: encode: by bytes per input value (2: bf16/fp16, 4: fp32)
 ENCODE = {2: (128, 4), 4: (128, 4)}
