@@ -48,9 +48,10 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[t
         raise ValueError(f"radiance::linear_ar: weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
     if x.dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"radiance::linear_ar: x dtype {x.dtype}, expected one of {ACTIVATION_DTYPES}")
-    if x.shape[1] != weight.shape[1]:
+    weight_k = weight.shape[1] * prod.values_per_weight_element
+    if x.shape[1] != weight_k:
         raise ValueError(f"radiance::linear_ar: K mismatch: x has {x.shape[1]} columns, "
-                         f"weight (N, K) has K = {weight.shape[1]}")
+                         f"weight (N, K) has K = {weight_k}")
     if x.shape[0] == 0:
         raise ValueError("radiance::linear_ar: x has 0 rows; expected M >= 1")
     if not x.is_contiguous():
@@ -98,7 +99,8 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         backend.ensure_capacity(rows, cols, out.dtype)
         y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
              else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
-        run_sliced(prepared, prod, backend, y, out, slice_bounds(rows, rt.settings.slices),
+        run_sliced(prepared, prod, backend, y, out, slice_bounds(rows, rt.settings.slices,
+                                                                  prod.slice_row_align),
                    rt.lanes())
     except CollectiveError:
         _release_peer_in_vendor_call(rt)

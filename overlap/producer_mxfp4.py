@@ -162,4 +162,5 @@ def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
                            stream=stream)
 
 
-producers.register_external(NAME, launch, prepare=prepare, needs_weight_scale=True)
+producers.register_external(NAME, launch, prepare=prepare, needs_weight_scale=True,
+                            values_per_weight_element=2, check=check)

@@ -49,6 +49,10 @@ class Prepared:
 class Producer(abc.ABC):
     name: str
     needs_weight_scale = False
+    #: interior slice bounds are multiples of this many rows (the kernel's alignment needs)
+    slice_row_align = 1
+    #: K values one weight element holds along its row (2: MXFP4 packs two codes a byte)
+    values_per_weight_element = 1
 
     def check(self, x: torch.Tensor, weight: torch.Tensor,
               weight_scale: torch.Tensor | None) -> None:
@@ -89,6 +93,10 @@ def _check_fp8_weight(name: str, weight: torch.Tensor, dtypes: tuple[torch.dtype
 class ScaledMMRowwise(Producer):
     name = "fp8_rowwise"
     needs_weight_scale = True
+    # cuBLASLt fp8 wants 16-byte aligned operands: a slice of the fp32 per-token scales is
+    # aligned only at multiples of 4 rows (on the H200 a 333-row slice of a 1000-row call
+    # failed with CUBLAS_STATUS_NOT_SUPPORTED); 16 rows also keep fp8 rows tile-aligned.
+    slice_row_align = 16
 
     def check(self, x, weight, weight_scale):
         _check_fp8_weight(self.name, weight, (FP8,))
@@ -162,9 +170,16 @@ class External(Producer):
     """A kernel outside torch: ``launch(prepared, a, b, out, stream_handle)``."""
 
     def __init__(self, name: str, launch: LaunchFn,
-                 prepare: Callable[..., Prepared] | None = None, needs_weight_scale: bool = False):
+                 prepare: Callable[..., Prepared] | None = None, needs_weight_scale: bool = False,
+                 values_per_weight_element: int = 1, check: Callable[..., None] | None = None):
         self.name, self._launch, self._prepare = name, launch, prepare
         self.needs_weight_scale = needs_weight_scale
+        self.values_per_weight_element = values_per_weight_element
+        self._check = check
+
+    def check(self, x, weight, weight_scale):
+        if self._check is not None:
+            self._check(x, weight, weight_scale)
 
     def prepare(self, x, weight, weight_scale, scratch):
         if self._prepare is None:
@@ -182,11 +197,13 @@ _BOUND: dict[str, Producer] = {}
 
 
 def register_external(name: str, launch: LaunchFn, prepare: Callable[..., Any] | None = None,
-                      needs_weight_scale: bool = False) -> None:
+                      needs_weight_scale: bool = False, values_per_weight_element: int = 1,
+                      check: Callable[..., None] | None = None) -> None:
     """Make an external GEMM kernel usable as ``producer=name`` in ``radiance::linear_ar``."""
     if name in _PRODUCERS or name in _BOUND:
         raise ValueError(f"producer {name!r} is already registered")
-    _PRODUCERS[name] = External(name, launch, prepare, needs_weight_scale)
+    _PRODUCERS[name] = External(name, launch, prepare, needs_weight_scale,
+                                values_per_weight_element, check)
 
 
 def bind(producer: Producer) -> None:

@@ -211,6 +211,34 @@ def test_kernel_matches_reference_under_the_interpreter():
     run_under_interpreter(INTERPRETER_SCRIPT)
 
 
+OP_SCRIPT = r"""
+import torch, overlap
+from backends.world import single_world
+from overlap import producer_mxfp4 as mx
+from overlap.config import OverlapSettings
+from overlap.op import forward
+torch.manual_seed(0)
+x = torch.randn(50, 96).to(torch.bfloat16)
+packed, scales = mx.quantize_weight(torch.randn(64, 96))
+xq, xs = mx.quantize_activation(x)
+ref = mx.reference(xq, xs, packed, scales)
+for backend in ("stock", "sdma"):  # unsliced, and 3 slices
+    rt = overlap.build(single_world(torch.device("cpu")), OverlapSettings(True, backend, 1, 3))
+    out = forward(rt, x, packed, scales, mx.NAME)
+    assert out.shape == (50, 64) and out.dtype == torch.bfloat16
+    # the interpreter truncates fp32 to bf16: within one bf16 step
+    assert float((out.double() - ref).norm() / ref.norm()) < 2 ** -7, backend
+    rt.close()
+print("interpreter-ok")
+"""
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_op_runs_the_producer_with_its_packed_weight_under_the_interpreter():
+    run_under_interpreter(OP_SCRIPT)
+
+
 # ---------------------------------------------------------------------------- one GPU
 
 def _gpu_operands(rows: int, n: int, k: int, seed: int = 0):

@@ -82,7 +82,7 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
             backend.ensure_capacity(rows, cols, out.dtype)
             y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
                  else rt.scratch.get("gemm_out", (rows, cols), out.dtype, device))
-            bounds = slice_bounds(rows, rt.settings.slices)
+            bounds = slice_bounds(rows, rt.settings.slices, prod.slice_row_align)
             lanes = rt.lanes()
             lanes.side_waits_for_caller()
             with lanes.on_side():
