@@ -12,7 +12,7 @@ import overlap
 import world_jobs
 from backends.call_contract import CollectiveError
 from backends.envs import BackendSettings
-from backends.world import emulated_worlds
+from harness.emulated import EmulatedRanks
 from overlap.config import OverlapSettings
 from overlap.slicing import slice_bounds
 
@@ -26,12 +26,8 @@ BACKENDS = world_jobs.waiting_backends()
 def runtimes(backend):
     settings = OverlapSettings(True, backend, MIN_M, SLICES,
                                BackendSettings(spin_timeout_ms=BOUND_MS))
-    rts = [overlap.build(w, settings) for w in emulated_worlds(2, DEV)]
-    streams = [torch.cuda.Stream(DEV) for _ in rts]
-    for rt in rts:  # every rank sized and compiled before any stream can wait on a peer
-        rt.backend.ensure_capacity(128, N, torch.bfloat16)
-        rt.scratch.get("gemm_out", (128, N), torch.bfloat16, DEV)
-        rt.lanes()
+    ranks = EmulatedRanks(2, DEV)
+    rts = [overlap.build(w, settings) for w in ranks.worlds]
     # cuBLAS may load a kernel for a new GEMM shape, which synchronizes the device: with a
     # rank's stream parked on a peer's flag that would hang. Run every slice shape now.
     for rows in (64, 48):
@@ -39,8 +35,14 @@ def runtimes(backend):
             x, w = (t.to(DEV) for t in world_jobs.shard(0, 0, rows, N, k))
             for a, b in zip(slice_bounds(rows, SLICES)[:-1], slice_bounds(rows, SLICES)[1:]):
                 torch.mm(x[a:b], w.t())
-    torch.cuda.synchronize(DEV)
-    return rts, streams
+
+    def grow(rank):
+        rts[rank].backend.ensure_capacity(128, N, torch.bfloat16)
+        rts[rank].scratch.get("gemm_out", (128, N), torch.bfloat16, DEV)
+        rts[rank].lanes()
+
+    ranks.prepare(grow)
+    return rts, ranks.streams
 
 
 def enqueue(rt, stream, rank, rows, k, seed):

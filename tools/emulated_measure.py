@@ -27,6 +27,8 @@ import producer_inputs
 import timeline
 from backends.envs import BackendSettings
 from backends.world import emulated_worlds
+from harness.emulated import EmulatedRanks
+from overlap import producers
 from overlap.config import OverlapSettings
 from overlap.op import forward
 from overlap.scratch import ScratchPool
@@ -41,33 +43,24 @@ def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
 
 
 def verify(case: Case, size: int, device: torch.device) -> dict:
-    worlds = emulated_worlds(size, device)
+    ranks = EmulatedRanks(size, device)
     settings = OverlapSettings(True, case.backend, 1, case.slices, BackendSettings.from_env())
-    runtimes = [overlap.build(w, settings) for w in worlds]
+    runtimes = [overlap.build(w, settings) for w in ranks.worlds]
     data = [producer_inputs.operands(case.producer, *shard(case, rank, device))
             for rank in range(size)]
-    bounds = slice_bounds(case.rows, case.slices)
+    bounds = slice_bounds(case.rows, case.slices, producers.get(case.producer).slice_row_align)
     ref = sum(producer_inputs.reference(ops) for ops in data)
-    # Grow (and load every kernel) on every rank before any rank's stream can block on a
-    # peer's flag: a first kernel load synchronizes the device, which would wait forever
-    # on a stream parked behind a flag the not-yet-issued peer has not posted.
-    for rt in runtimes:
-        rt.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
-    # The GEMM library picks (and may load or compile) a kernel per slice shape, and the
-    # producer grows its scratch: run each rank's slices once now.
-    for rt, ops in zip(runtimes, data):
-        producer_inputs.warm_up(ops, bounds, rt.scratch)
-    torch.cuda.synchronize(device)
-    streams = [torch.cuda.Stream(device) for _ in range(size)]
-    for s in streams:
-        s.wait_stream(torch.cuda.current_stream(device))
-    outs = []
+
+    def grow(rank: int) -> None:
+        runtimes[rank].backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
+        # The GEMM library picks (and may load or compile) a kernel per slice shape, and
+        # the producer grows its scratch: run the rank's slices once now.
+        producer_inputs.warm_up(data[rank], bounds, runtimes[rank].scratch)
+
+    ranks.prepare(grow)
     poison_allocator((case.rows, case.cols), device)
-    for rt, ops, s in zip(runtimes, data, streams):
-        with torch.cuda.stream(s):
-            outs.append(forward(rt, ops.x, ops.weight, ops.weight_scale, case.producer))
-    for s in streams:
-        torch.cuda.current_stream(device).wait_stream(s)
+    outs = ranks.each(lambda r: forward(runtimes[r], data[r].x, data[r].weight,
+                                        data[r].weight_scale, case.producer))
     torch.cuda.synchronize(device)
     errs = [metrics.errors(o, ref) for o in outs]
     rel = max(e[0] for e in errs)

@@ -20,6 +20,7 @@ import overlap
 from backends.call_contract import CollectiveError
 from backends.interface import Backend
 from backends.world import emulated_worlds
+from harness.emulated import EmulatedRanks
 from overlap.slicing import slice_bounds
 from prefill_measure import (Spec, add_figures, gate_reason, off_arm_parts, op_of, settings,
                              time_prefill, verdict)
@@ -65,16 +66,16 @@ def lockstep_checked(models: list[ShardModel], chunks, ops: list, streams=None
 
 def _verify_emulated(spec: Spec, models, chunks, name: str, device) -> tuple[dict, dict]:
     """The off and on arms of backend ``name`` with all W ranks active (each its stream)."""
-    worlds = emulated_worlds(len(models), device)
-    off_rts = [overlap.build(w, settings(spec, name, 1)) for w in worlds]
-    on_rts = [overlap.build(w, settings(spec, name, spec.slices)) for w in worlds]
+    ranks = EmulatedRanks(len(models), device)
+    off_rts = [overlap.build(w, settings(spec, name, 1)) for w in ranks.worlds]
+    on_rts = [overlap.build(w, settings(spec, name, spec.slices)) for w in ranks.worlds]
     try:
-        # Every rank sized (and its kernels loaded) before any stream can wait on a peer:
-        # a first kernel load synchronizes the device (docs/design.md, 'Worlds').
-        for rt in off_rts + on_rts:
-            rt.backend.ensure_capacity(max(spec.chunk_rows), spec.shapes.hidden, DTYPE)
-        torch.cuda.synchronize()
-        streams = [torch.cuda.Stream(device) for _ in models]
+        def grow(rank: int) -> None:
+            for rt in (off_rts[rank], on_rts[rank]):
+                rt.backend.ensure_capacity(max(spec.chunk_rows), spec.shapes.hidden, DTYPE)
+
+        ranks.prepare(grow)
+        streams = ranks.streams
         for s in streams:
             s.wait_stream(torch.cuda.current_stream(device))
         arms = {}

@@ -121,9 +121,10 @@ def emulated_soak(backend: str, size: int, device: torch.device, calls: int, sec
                   max_m: int, cols: int, k: int, slices: int, seed: int,
                   warmup: int = 50) -> dict:
     """W emulated ranks on one GPU in this process (see the module doc)."""
-    from backends.world import emulated_worlds
+    from harness.emulated import EmulatedRanks
 
-    worlds = emulated_worlds(size, device)
+    ranks = EmulatedRanks(size, device)
+    worlds = ranks.worlds
     reason = backends.get(backend).unsupported_reason(worlds[0])
     if reason is not None:
         return {"backend": backend, "skipped": reason}
@@ -141,24 +142,18 @@ def emulated_soak(backend: str, size: int, device: torch.device, calls: int, sec
     ref_all = torch.empty(max_m, cols, dtype=torch.float64, device=device)
     work_all = torch.empty_like(ref_all)
     equal_all = torch.empty(max_m, cols, dtype=torch.bool, device=device)
-    # Every rank grows (and loads its kernels) before any rank's stream can park on a
-    # peer's flag: a first kernel load or a device sync then would wait forever.
-    for rt in rts:
-        rt.backend.ensure_capacity(max_m, cols, torch.bfloat16)
-    torch.cuda.synchronize(device)
-    streams = [torch.cuda.Stream(device) for _ in rts]
-    main_stream = torch.cuda.current_stream(device)
+    ranks.prepare(lambda r: rts[r].backend.ensure_capacity(max_m, cols, torch.bfloat16))
 
     def step(rows: int) -> tuple[float, bool]:
+        # Each rank's stream waits for the caller first: that also orders this call's
+        # allocations after the last check.
         outs = []
-        for rt, (x, w), s in zip(rts, data, streams):
-            s.wait_stream(main_stream)  # also orders this call's allocations after the last check
-            with torch.cuda.stream(s):
-                outs.append(forward(rt, x[:rows], w, None, "bf16"))
+        for r, (x, w) in enumerate(data):
+            with ranks.on(r):
+                outs.append(forward(rts[r], x[:rows], w, None, "bf16"))
         for rt in rts:
             rt.backend.check()  # bounded: a missing peer raises instead of hanging
-        for s in streams:
-            main_stream.wait_stream(s)
+        ranks.join()
         ref, part = ref_all[:rows], work_all[:rows]
         torch.mm(data64[0][0][:rows], data64[0][1], out=ref)
         for x64, wt64 in data64[1:]:

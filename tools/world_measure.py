@@ -30,6 +30,7 @@ import producer_inputs
 import timeline
 from backends.envs import BackendSettings
 from backends.world import World
+from overlap import producers
 from overlap.config import OverlapSettings
 from overlap.op import forward
 from overlap.scratch import ScratchPool
@@ -83,7 +84,7 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
     ``t_<key>_spread_ms`` / ``t_<key>_host_ms``; where the op slices, also
     ``ar_sliced``: the AR of the whole tensor called once per row slice, as the op calls
     it. Returns (the slices the op runs: S clamped to M rows, the medians by key)."""
-    bounds = slice_bounds(case.rows, case.slices)
+    bounds = slice_bounds(case.rows, case.slices, producers.get(case.producer).slice_row_align)
 
     def ar_sliced(i):
         for a, b in zip(bounds[:-1], bounds[1:]):
