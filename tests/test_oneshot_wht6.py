@@ -17,7 +17,8 @@ import overlap  # noqa: E402
 from backends.envs import BackendSettings  # noqa: E402
 from backends.oneshot_wht6 import OneshotWht6Backend  # noqa: E402
 from backends.signals import PeerTimeoutError  # noqa: E402
-from backends.world import World, emulated_worlds, single_world  # noqa: E402
+from backends.world import World, single_world  # noqa: E402
+from harness.emulated import EmulatedRanks  # noqa: E402
 from overlap.config import OverlapSettings  # noqa: E402
 from overlap.slicing import slice_bounds  # noqa: E402
 
@@ -182,16 +183,17 @@ DEV = torch.device("cuda", 0)
 
 
 def _emulated(size, **settings):
-    bes = [OneshotWht6Backend(w, BackendSettings(**settings)) for w in emulated_worlds(size, DEV)]
-    return bes, [torch.cuda.Stream(DEV) for _ in bes]
+    ranks = EmulatedRanks(size, DEV)
+    bes = [OneshotWht6Backend(w, BackendSettings(**settings)) for w in ranks.worlds]
+    return bes, ranks
 
 
-def _run_all(bes, streams, xs, outs, bounds):
-    for be, s, x, out in zip(bes, streams, xs, outs):
-        s.wait_stream(torch.cuda.current_stream(DEV))  # inputs and poisoned outputs are ready
-        with torch.cuda.stream(s):
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                be.all_reduce(x[a:b], out[a:b])
+def _run_all(bes, ranks, xs, outs, bounds):
+    def step(r):  # on rank r's stream, after the inputs and poisoned outputs are ready
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            bes[r].all_reduce(xs[r][a:b], outs[r][a:b])
+
+    ranks.each(step)
     for be in bes:
         be.check(10_000)
     torch.cuda.synchronize(DEV)
@@ -200,7 +202,7 @@ def _run_all(bes, streams, xs, outs, bounds):
 @pytest.mark.gpu
 @pytest.mark.parametrize("size", [2, 4])
 def test_emulated_ranks_accurate_identical_exact_and_no_stale_flags(size):
-    bes, streams = _emulated(size)
+    bes, ranks = _emulated(size)
     plan = random.Random(size)
     shapes = [(1, 256), (300, 5120), (64, 768), (3, 256)]
     shapes += [(plan.randint(1, 200), plan.choice([256, 1280, 5120])) for _ in range(40)]
@@ -211,7 +213,7 @@ def test_emulated_ranks_accurate_identical_exact_and_no_stale_flags(size):
             be.ensure_capacity(rows, cols, DT)
         before = [be.pulled_bytes for be in bes]
         bounds = slice_bounds(rows, plan.randint(1, 4))
-        _run_all(bes, streams, xs, outs, bounds)
+        _run_all(bes, ranks, xs, outs, bounds)
         ref = jobs.reference(7, call, size, rows, cols)
         for r, out in enumerate(outs):
             assert not torch.isnan(out).any(), (call, rows, cols, r)
@@ -230,12 +232,13 @@ def test_emulated_ranks_accurate_identical_exact_and_no_stale_flags(size):
 @pytest.mark.parametrize("size", [2, 4])
 def test_cuda_graph_replays_stay_correct(size):
     rows, cols = 96, 1280
-    bes, streams = _emulated(size)
+    bes, ranks = _emulated(size)
+    streams = ranks.streams
     xs = [torch.zeros(rows, cols, dtype=DT, device=DEV) for _ in bes]
     outs = [torch.zeros(rows, cols, dtype=DT, device=DEV) for _ in bes]
     for be in bes:
         be.ensure_capacity(rows, cols, DT)
-    _run_all(bes, streams, xs, outs, [0, rows])  # a call before capture: epochs already > 0
+    _run_all(bes, ranks, xs, outs, [0, rows])  # a call before capture: epochs already > 0
     graphs = [torch.cuda.CUDAGraph() for _ in bes]
     for be, g, s, x, out in zip(bes, graphs, streams, xs, outs):
         with torch.cuda.graph(g, stream=s):  # one graph per rank, each replayed on its stream
@@ -259,14 +262,13 @@ def test_cuda_graph_replays_stay_correct(size):
 
 @pytest.mark.gpu
 def test_missing_peer_raises_within_the_bound_and_the_gpu_keeps_working():
-    bes, streams = _emulated(2, spin_timeout_ms=300)
+    bes, ranks = _emulated(2, spin_timeout_ms=300)
     for be in bes:
         be.ensure_capacity(8, 512, DT)
     x = torch.randn(8, 512, device=DEV).to(DT)
     out = torch.empty_like(x)
-    streams[0].wait_stream(torch.cuda.current_stream(DEV))
     start = time.monotonic()
-    with torch.cuda.stream(streams[0]):
+    with ranks.on(0):
         bes[0].all_reduce(x, out)  # rank 1 never calls
     with pytest.raises(PeerTimeoutError, match=r"peer rank 1 did not post .*epoch\) 1 .*resync"):
         bes[0].check()
@@ -276,7 +278,7 @@ def test_missing_peer_raises_within_the_bound_and_the_gpu_keeps_working():
         be.resync()
     outs = [torch.full_like(x, float("nan")) for _ in bes]
     xs = [jobs.make_input(3, 0, r, 8, 512).to(DEV) for r in range(2)]
-    _run_all(bes, streams, xs, outs, [0, 8])
+    _run_all(bes, ranks, xs, outs, [0, 8])
     assert all(world_jobs.rel_rms(o, jobs.reference(3, 0, 2, 8, 512)) < BOUND for o in outs)
 
 
@@ -284,16 +286,11 @@ def test_missing_peer_raises_within_the_bound_and_the_gpu_keeps_working():
 def test_emulated_ranks_through_the_op():
     size, rows, cols, k, seed = 2, 257, 1280, 512, 3
     ref = world_jobs.reference(seed, size, rows, cols, k)
-    worlds = emulated_worlds(size, DEV)
-    streams = [torch.cuda.Stream(DEV) for _ in worlds]
+    ranks = EmulatedRanks(size, DEV)
     shards = [tuple(t.to(DEV) for t in world_jobs.shard(seed, r, rows, cols, k)) for r in range(size)]
     for s in (1, 2, 4):
-        rts = [overlap.build(wd, OverlapSettings(True, "oneshot_wht6", 1, s)) for wd in worlds]
-        outs = []
-        for rt, st, shard in zip(rts, streams, shards):
-            st.wait_stream(torch.cuda.current_stream(DEV))
-            with torch.cuda.stream(st):
-                outs.append(overlap.forward(rt, *shard, None, "bf16"))
+        rts = [overlap.build(wd, OverlapSettings(True, "oneshot_wht6", 1, s)) for wd in ranks.worlds]
+        outs = ranks.each(lambda r: overlap.forward(rts[r], *shards[r], None, "bf16"))
         for rt in rts:
             rt.backend.check(10_000)
         torch.cuda.synchronize(DEV)

@@ -16,6 +16,7 @@ from backends.envs import BackendSettings  # noqa: E402
 from backends.sdma import SdmaBackend  # noqa: E402
 from backends.signals import PeerTimeoutError  # noqa: E402
 from backends.world import emulated_worlds  # noqa: E402
+from harness.emulated import EmulatedRanks  # noqa: E402
 from overlap.config import OverlapSettings  # noqa: E402
 from overlap.slicing import slice_bounds  # noqa: E402
 
@@ -47,10 +48,9 @@ def _shapes(seed, count):
 @pytest.mark.parametrize("size", [2, 4])
 @pytest.mark.parametrize("schedule", ["oneshot", "twoshot"])
 def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, release):
-    bes = [SdmaBackend(w, BackendSettings(sdma_schedule=schedule))
-           for w in emulated_worlds(size, DEV)]
+    ranks = EmulatedRanks(size, DEV)
+    bes = [SdmaBackend(w, BackendSettings(sdma_schedule=schedule)) for w in ranks.worlds]
     release.extend(bes)
-    streams = [torch.cuda.Stream(DEV) for _ in bes]
     plan = random.Random(size)
     for call, (rows, cols) in enumerate(_shapes(size * 10 + len(schedule), 50)):
         slices, staged = plan.randint(1, 4), plan.random() < 0.25
@@ -58,17 +58,17 @@ def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, relea
         outs = [torch.full((rows, cols), float("nan"), dtype=DT, device=DEV) for _ in bes]
         torch.cuda.synchronize()
         before = [be.pulled_bytes for be in bes]
-        for r, be in enumerate(bes):  # every rank sized before any stream can block
-            with torch.cuda.stream(streams[r]):
-                be.ensure_capacity(rows, cols, DT)
-        for r, be in enumerate(bes):
-            with torch.cuda.stream(streams[r]):
-                src = xs[r] if staged else be.acquire_input_view(rows, cols, DT)
-                if not staged:
-                    src.copy_(xs[r])
-                bounds = slice_bounds(rows, slices)
-                for a, b in zip(bounds[:-1], bounds[1:]):
-                    be.all_reduce(src[a:b], outs[r][a:b])
+        ranks.prepare(lambda r: bes[r].ensure_capacity(rows, cols, DT))
+        bounds = slice_bounds(rows, slices)
+
+        def step(r):
+            src = xs[r] if staged else bes[r].acquire_input_view(rows, cols, DT)
+            if not staged:
+                src.copy_(xs[r])
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                bes[r].all_reduce(src[a:b], outs[r][a:b])
+
+        ranks.each(step)
         for be in bes:
             be.check(5000)
         torch.cuda.synchronize()
@@ -85,25 +85,20 @@ def test_emulated_ranks_exact_identical_and_no_stale_flags(size, schedule, relea
 def test_emulated_ranks_through_the_op(size, schedule, release):
     rows, cols, k, seed = 257, 384, 512, 3
     ref = world_jobs.reference(seed, size, rows, cols, k)
-    worlds = emulated_worlds(size, DEV)
-    streams = [torch.cuda.Stream(DEV) for _ in worlds]
+    ranks = EmulatedRanks(size, DEV)
     inputs = []
     for r in range(size):
         x, w = world_jobs.shard(seed, r, rows, cols, k)
         inputs.append((x.to(DEV), w.to(DEV)))
     for s in (1, 2, 3, 4, 7):
         settings = OverlapSettings(True, "sdma", 1, s, BackendSettings(sdma_schedule=schedule))
-        rts = [overlap.build(wd, settings) for wd in worlds]
-        for r, rt in enumerate(rts):
+        rts = [overlap.build(wd, settings) for wd in ranks.worlds]
+        for rt in rts:
             assert rt.backend.schedule == schedule
             release.append(rt.backend)
-            with torch.cuda.stream(streams[r]):
-                rt.backend.ensure_capacity(rows, cols, DT)
+        ranks.prepare(lambda r: rts[r].backend.ensure_capacity(rows, cols, DT))
         for _ in range(2):
-            outs = []
-            for r, rt in enumerate(rts):
-                with torch.cuda.stream(streams[r]):
-                    outs.append(overlap.forward(rt, *inputs[r], None, "bf16"))
+            outs = ranks.each(lambda r: overlap.forward(rts[r], *inputs[r], None, "bf16"))
             for rt in rts:
                 rt.backend.check(5000)
             torch.cuda.synchronize()
