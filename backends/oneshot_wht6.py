@@ -48,7 +48,7 @@ import time
 
 import torch
 
-from backends import wht6
+from backends import passive_peers, wht6
 from backends.envs import BackendSettings
 from backends.interface import (Backend, check_capacity_args, check_slice, grown_size,
                                 refuse_growth_in_capture)
@@ -230,13 +230,11 @@ class OneshotWht6Backend(Backend):
         g = torch.Generator().manual_seed(seed)
         rows = max(1, min(64, self.capacity // row_bytes))
         sample = wht6.encode(torch.randn(rows, cols, generator=g).to(torch.bfloat16))
-        raw = sample.reshape(-1)
         # Each region starts with a whole payload row (a call's payload sits at its start).
-        fill = raw.repeat(-(-self.capacity // raw.numel()))[:self.capacity]
+        fill = passive_peers.repeated_bytes(sample, self.capacity)
+        passive_peers.fill_other_ranks(self._pub, self.world.rank, fill, (0, self.capacity))
         for p in range(self.world.size):
             if p != self.world.rank:
-                self._pub.peer(p)[:self.capacity].copy_(fill)
-                self._pub.peer(p)[self.capacity:2 * self.capacity].copy_(fill)
                 if self.signals is not None:
                     self.signals.set_passive(p)
                 else:

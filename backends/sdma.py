@@ -49,6 +49,7 @@ import torch
 
 from backends.copy_engine import CopyEngine, bindings_reason, platform
 from backends.envs import BackendSettings
+from backends import passive_peers
 from backends.interface import (Backend, check_capacity_args, check_slice, copy_unless_same,
                                 current_stream_handle, grown_size, refuse_growth_in_capture)
 from backends.peer_memory import typed_view
@@ -204,12 +205,10 @@ class SdmaBackend(Backend):
             self.signals.check(timeout_ms)
 
     def resync(self) -> None:
-        """Collective (see :meth:`Backend.resync`). Emulated world: call :meth:`check` on
-        EVERY rank first (it releases a stream blocked on a missing peer; the device sync
-        here waits for every rank's streams). Refused in a gpu-symm world, on every rank:
-        there the flags are device memory, ``check`` cannot release a blocked stream, and
-        the sync here would wait forever for a peer that never comes (a late peer lets
-        the call finish and the ranks stay in step, so nothing needs resyncing)."""
+        """Collective (:meth:`Backend.resync`). Emulated world: call :meth:`check` on EVERY
+        rank first (it releases a stream blocked on a missing peer; the device sync here
+        waits for every rank's streams). Refused in gpu-symm, on every rank: device-memory
+        flags cannot be released, and the sync would wait forever for a missing peer."""
         if self.signals is None:
             return
         if self.world.kind == "gpu-symm":
@@ -271,18 +270,13 @@ class SdmaBackend(Backend):
         if payload is None:
             g = torch.Generator().manual_seed(seed)
             payload = torch.randn(self.capacity // 2, generator=g).to(torch.bfloat16)
-        raw = payload.detach().reshape(-1).contiguous().view(torch.uint8).cpu()
-        if raw.numel() == 0:
-            raise ValueError("sdma.fill_passive_peers: payload is empty")
-        reps = -(-self.capacity // raw.numel())
-        fill = raw.repeat(reps)[:self.capacity]
+        fill = passive_peers.repeated_bytes(payload, self.capacity)
+        for buf in (self._pub, self._red):
+            if buf is not None:
+                passive_peers.fill_other_ranks(buf, self.world.rank, fill)
         for p in range(self.world.size):
-            if p == self.world.rank:
-                continue
-            for buf in (self._pub, self._red):
-                if buf is not None:
-                    buf.peer(p)[:self.capacity].copy_(fill)
-            self.signals.set_passive(p)
+            if p != self.world.rank:
+                self.signals.set_passive(p)
 
     # ------------------------------------------------------------------ internals
 

@@ -229,3 +229,22 @@ def test_resync_is_refused_in_a_gpu_symm_world():
     be.signals = object()
     with pytest.raises(RuntimeError, match="gpu-symm world.*restart the job"):
         be.resync()
+
+
+def test_passive_peer_fill_repeats_the_payload_into_every_other_rank_only():
+    from backends import passive_peers
+    from backends.peer_memory import PeerBuffer
+
+    payload = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)  # 6 bytes
+    fill = passive_peers.repeated_bytes(payload, 16)
+    raw = payload.view(torch.uint8)
+    assert fill.dtype == torch.uint8 and fill.numel() == 16
+    assert torch.equal(fill, torch.cat([raw, raw, raw[:4]]))
+    peers = [torch.zeros(40, dtype=torch.uint8) for _ in range(3)]
+    passive_peers.fill_other_ranks(PeerBuffer("b", 40, 1, peers), 1, fill, (0, 20))
+    for r, buf in enumerate(peers):
+        want = (torch.zeros(40, dtype=torch.uint8) if r == 1 else
+                torch.cat([fill, torch.zeros(4, dtype=torch.uint8), fill, torch.zeros(4, dtype=torch.uint8)]))
+        assert torch.equal(buf, want), r
+    with pytest.raises(ValueError, match="payload is empty"):
+        passive_peers.repeated_bytes(torch.empty(0), 8)
