@@ -29,10 +29,15 @@ from backends.wht6 import reference
 #: (T, num_warps) candidates the sweep times; T / (32 num_warps) sub-blocks per thread.
 CANDIDATES = ((64, 2), (128, 4), (256, 8), (32, 1), (256, 4), (512, 8))
 
-#: encode: by bytes per input value (2: bf16/fp16, 4: fp32)
-ENCODE = {2: (128, 4), 4: (128, 4)}
-#: decode-accumulate: by the largest payload count of a class (1, 2, 4, 8)
-DECODE = {1: (128, 4), 2: (128, 4), 4: (128, 4), 8: (128, 4)}
+#: encode: by bytes per input value (2: bf16/fp16, 4: fp32). bf16: (32, 1), the fastest
+#: of CANDIDATES in ``tools/bench_codec.py --device cuda --sweep`` on one H200,
+#: 2026-12-03 (8192x5120: 0.60 of a D2D copy against 0.59 for (128, 4); the run is in
+#: tools/results/2026-12-03-h200-codec/). fp32 input was not swept.
+ENCODE = {2: (32, 1), 4: (128, 4)}
+#: decode-accumulate: by the largest payload count of a class (1, 2, 4, 8); (32, 1) was
+#: the fastest for W = 2, 4 and 8 in the same sweep (0.66 / 0.59 / 0.54 of a D2D copy
+#: against 0.57 / 0.53 / 0.49 for (128, 4)); W = 1 (decode) follows W = 2.
+DECODE = {1: (32, 1), 2: (32, 1), 4: (32, 1), 8: (32, 1)}
 #: the fused one-shot all-reduce: one tile of T sub-blocks at a time per CTA
 ONESHOT = (128, 4)
 
