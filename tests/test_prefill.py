@@ -221,7 +221,7 @@ def test_producer_is_checked_against_the_registry(monkeypatch, capsys):
                         producers.External("ext_scaled", lambda *a: None, needs_weight_scale=True))
     with pytest.raises(SystemExit):
         prefill_bench.parse_args(["--producer", "ext_scaled"])
-    assert "add its format to SCALED_FORMATS" in capsys.readouterr().err
+    assert "add it to tools/producer_inputs.py" in capsys.readouterr().err
 
 
 def test_cli_cpu_run_writes_results_and_bad_inputs_give_rc_2(tmp_path, capsys):

@@ -48,8 +48,8 @@ from backends.world import World
 from model_shapes import RankShapes
 from overlap.config import OverlapSettings
 from overlap.op import forward
-from prefill_stack import (COMPONENTS, DTYPE, ShardModel, make_chunks, prefill_steps,
-                           producer_format, run_alone)
+from prefill_stack import (COMPONENTS, DTYPE, ShardModel, activation_step, make_chunks,
+                           prefill_steps, run_alone)
 from world_measure import digest
 
 
@@ -80,9 +80,9 @@ class Spec:
     def stack_bound(self, call_bound: float) -> float:
         """How far the on arm's stack output may lie from the off arm's: per all-reduce
         ``call_bound``, or sqrt(call_bound x step) where the producer quantizes its
-        activations (prefill_stack.ProducerFormat), adding in quadrature over the 2L
+        activations (prefill_stack.ACTIVATION_STEP), adding in quadrature over the 2L
         all-reduces of a token's path."""
-        step = producer_format(self.producer).activation_step
+        step = activation_step(self.producer)
         per_call = call_bound if step is None else max(call_bound, math.sqrt(call_bound * step))
         return per_call * math.sqrt(2 * self.layers)
 

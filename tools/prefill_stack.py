@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.interface import current_stream_handle
+import producer_inputs
 from model_shapes import RankShapes
 from overlap import producers
 from overlap.scratch import ScratchPool
@@ -57,49 +58,36 @@ class Weight:
     scale: torch.Tensor | None = None
 
 
-def fp8_rowwise_weight(w: torch.Tensor) -> Weight:
-    """``fp8_rowwise``'s format: e4m3 values and one float32 scale per output channel."""
-    scale = (w.float().abs().amax(dim=1) / producers.FP8_MAX).clamp_min(1e-12)
-    return Weight((w.float() / scale[:, None]).to(producers.FP8), scale)
+#: relative step of each producer's activation quantization (absent: activations not
+#: quantized). A difference d in a quantized input flips about d / step of its values by
+#: one step, so two stacks that differ by d per all-reduce differ by about
+#: sqrt(d * step) after the next GEMM (see prefill_measure.Spec.stack_bound). Every
+#: quantizing producer here takes e4m3 activations: 3 mantissa bits, values 2^-3 apart
+#: relative to their binade.
+ACTIVATION_STEP = {"fp8_rowwise": 2.0 ** -3, "fp8_tensorwise": 2.0 ** -3,
+                   "mxfp4_w4a8": 2.0 ** -3}
 
 
-@dataclass(frozen=True)
-class ProducerFormat:
-    """What this tool must know of a producer beyond its registry entry."""
-    #: builds the producer's weight format from a bf16 weight
-    weight: Callable[[torch.Tensor], Weight]
-    #: relative step of its activation quantization (None: activations not quantized).
-    #: A difference d in a quantized input flips about d / step of its values by one step,
-    #: so two stacks that differ by d per all-reduce differ by about sqrt(d * step) after
-    #: the next GEMM (see prefill_measure.Spec.stack_bound)
-    activation_step: float | None = None
+def producer_weight(name: str, w: torch.Tensor) -> Weight:
+    """A bf16 weight in producer ``name``'s format (:func:`producer_inputs.weight_format`;
+    a producer without one and without a weight scale takes the bf16 weight as it is)."""
+    known = name in producer_inputs.known()
+    return Weight(*producer_inputs.weight_format(name if known else "bf16", w))
 
 
-#: producers whose weights carry a scale, by name (a producer without a scale takes the
-#: bf16 weight as it is and is taken not to quantize its activations)
-SCALED_FORMATS: dict[str, ProducerFormat] = {
-    # e4m3: 3 mantissa bits, values 2^-3 apart relative to their binade
-    "fp8_rowwise": ProducerFormat(fp8_rowwise_weight, 2.0 ** -3),
-}
-UNSCALED_FORMAT = ProducerFormat(Weight)
-
-
-def producer_format(name: str) -> ProducerFormat:
-    """The format of producer ``name``; ``ValueError`` if this tool cannot run it."""
-    problem = producer_problem(name)
-    if problem is not None:
-        raise ValueError(problem)
-    return SCALED_FORMATS.get(name, UNSCALED_FORMAT)
+def activation_step(name: str) -> float | None:
+    """The relative step of producer ``name``'s activation quantization, or None."""
+    return ACTIVATION_STEP.get(name)
 
 
 def producer_problem(name: str) -> str | None:
     """Why this tool cannot run GEMM producer ``name`` (None: it can)."""
     if name not in producers.names():
         return f"unknown producer {name!r}; registered: {', '.join(producers.names())}"
-    if producers.get(name).needs_weight_scale and name not in SCALED_FORMATS:
+    if producers.get(name).needs_weight_scale and name not in producer_inputs.known():
         return (f"producer {name!r} needs scaled weights in a format this tool does not "
-                f"build (known: {', '.join(SCALED_FORMATS)}); add its format to "
-                "SCALED_FORMATS in tools/prefill_stack.py")
+                f"build (known: "
+                f"{', '.join(producer_inputs.known())}); add it to tools/producer_inputs.py")
     return None
 
 
@@ -135,7 +123,9 @@ class ShardModel:
 
     def __init__(self, shapes: RankShapes, layers: int, rank: int, device: torch.device,
                  producer: str = "bf16", seed: int = 0, gqa: str = "enable_gqa"):
-        fmt = producer_format(producer).weight
+        problem = producer_problem(producer)
+        if problem is not None:
+            raise ValueError(problem)
         if gqa not in GQA_MODES:
             raise ValueError(f"gqa {gqa!r}: expected one of {', '.join(GQA_MODES)}")
         self.shapes, self.device, self.gqa = shapes, torch.device(device), gqa
@@ -146,7 +136,8 @@ class ShardModel:
         for i in range(layers):
             def linear(name: str, which: int) -> Weight:
                 n, k = shapes.gemms()[name]
-                return fmt(_normal((n, k), self.device, seed, i, rank, which) * k ** -0.5)
+                return producer_weight(
+                    producer, _normal((n, k), self.device, seed, i, rank, which) * k ** -0.5)
 
             def norm(size: int, which: int) -> torch.Tensor:
                 return 1 + 0.1 * _normal((size,), self.device, seed, i, -1, which)

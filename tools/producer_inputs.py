@@ -72,15 +72,19 @@ def known() -> list[str]:
     return list(_WEIGHT_FORMATS)
 
 
-def operands(producer: str, x: torch.Tensor, w: torch.Tensor) -> Operands:
-    """The op's inputs for ``producer`` from a bf16 activation ``x`` [M, K] and weight ``w`` [N, K]."""
+def weight_format(producer: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, weight_scale) in ``producer``'s format, from a bf16 weight ``w`` [N, K]."""
     try:
         fmt = _WEIGHT_FORMATS[producer]
     except KeyError:
         raise ValueError(f"producer_inputs: no weight format for producer {producer!r}; "
                          f"known: {', '.join(known())}") from None
-    weight, weight_scale = fmt(w)
-    return Operands(producer, x, weight, weight_scale)
+    return fmt(w)
+
+
+def operands(producer: str, x: torch.Tensor, w: torch.Tensor) -> Operands:
+    """The op's inputs for ``producer`` from a bf16 activation ``x`` [M, K] and weight ``w`` [N, K]."""
+    return Operands(producer, x, *weight_format(producer, w))
 
 
 def reference(ops: Operands) -> torch.Tensor:
