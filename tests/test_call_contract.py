@@ -25,6 +25,19 @@ def sig(rows=4, cols=256, dtype=BF16, path="flags", m=0, k=0):
     return CallSignature(rows, cols, dtype, path, m, k)
 
 
+def resync_then_a_good_call(s0, s1, at):
+    """Resync both ("collective": both sides in one thread, with a no-op barrier): both
+    land on call ``at``, and the next call pairs up on both sides."""
+    barrier = lambda: None  # noqa: E731
+    assert s0.resync(barrier) == s1.resync(barrier) == at
+    with s0.call(sig()) as t0, s1.call(sig()) as t1:
+        assert t0 == t1 == at + 1
+        s0.post("ready", t0)
+        s1.post("ready", t1)
+        s0.wait(1, "ready", t0)
+        s1.wait(0, "ready", t1)
+
+
 def test_signature_round_trips_through_header_words_and_tags_differ():
     s = sig(12, 5120, torch.float16, "vendor", 8192, 4352)
     assert CallSignature.from_words(s.words()) == s
@@ -87,15 +100,7 @@ def test_after_an_error_every_call_is_refused_until_resync():
             pass
     with pytest.raises(ResyncRequiredError):
         s0.announce_vendor_call(sig(path="vendor"))
-    # "collective": both sides in one thread, with a no-op barrier
-    barrier = lambda: None  # noqa: E731
-    assert s0.resync(barrier) == 1 and s1.resync(barrier) == 1
-    with s0.call(sig()) as t0, s1.call(sig()) as t1:
-        assert t0 == t1 == 2
-        s0.post("ready", t0)
-        s1.post("ready", t1)
-        s0.wait(1, "ready", t0)
-        s1.wait(0, "ready", t1)
+    resync_then_a_good_call(s0, s1, at=1)
 
 
 def test_a_peer_in_a_vendor_call_this_rank_never_made_is_a_mismatch_at_once():
@@ -136,11 +141,4 @@ def test_a_call_refused_for_an_aborted_peer_takes_no_number_so_resync_agrees():
         with s1.call(sig()):
             pass
     assert s1.epoch == 0
-    barrier = lambda: None  # noqa: E731
-    assert s0.resync(barrier) == s1.resync(barrier) == 1
-    with s0.call(sig()) as t0, s1.call(sig()) as t1:
-        assert t0 == t1 == 2
-        s0.post("ready", t0)
-        s1.post("ready", t1)
-        s0.wait(1, "ready", t0)
-        s1.wait(0, "ready", t1)
+    resync_then_a_good_call(s0, s1, at=1)

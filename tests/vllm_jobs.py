@@ -5,9 +5,11 @@ vLLM is imported inside the jobs: this module imports without it."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import types
+from typing import Iterator
 
 import torch
 
@@ -90,53 +92,62 @@ def _traced_targets(layer, x) -> list[str]:
     return targets
 
 
-def real_install_job(world, backend: str) -> dict:
+@contextlib.contextmanager
+def vllm_tp_world(world) -> Iterator[None]:
+    """vLLM's distributed state for this pool's gloo world: TP over every rank, torn down
+    on the way out."""
     os.environ.setdefault("VLLM_DIST_IDENT", f"radiance-ar-test-{os.getppid()}")
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
-    from vllm.distributed import tensor_model_parallel_all_reduce
 
-    res: dict = {}
     with set_current_vllm_config(VllmConfig()):
         ps.init_distributed_environment(world.size, world.rank, "env://", world.rank, "gloo")
         ps.initialize_model_parallel(tensor_model_parallel_size=world.size)
         try:
-            m = _real_model(world)
-            res["quant_method"] = type(m.down.quant_method).__name__
-            res["tp1"] = vi.eligibility(m.down, 1)
-            cases = [n for n in ROUTED + LEFT if n != "awq"]
-            before = {}
-            for name in cases:
-                layer = getattr(m, name)
-                for rows in (3, 40):  # below and above min_m: decode and sliced paths
-                    x, ref = _inputs(world, layer, rows, seed=100 + rows)
-                    before[name, rows] = (x, _first(layer(x)), ref)
-            settings = OverlapSettings(True, backend, 16, 3)
-            lora = vi.install(m, settings=settings,
-                              vllm_config=types.SimpleNamespace(lora_config=object()))
-            res["lora_left"] = lora.left
-            report = vi.install(m, settings=settings)
-            rt = overlap.current()
-            # The world's vendor all-reduce is vLLM's (stock and the decode path call it).
-            vendor = rt.world.all_reduce is tensor_model_parallel_all_reduce
-            res["runtime"] = (rt.backend.name, vendor, rt.world.size, rt.settings)
-            res.update(routed=report.routed, left=report.left, summary=report.summary(),
-                       producers=report.producers)
-            res["again"] = vi.install(m, settings=settings).already
-            res["outputs"] = {}
-            for (name, rows), (x, stock, ref) in before.items():
-                layer = getattr(m, name)
-                got = layer(x)
-                res["outputs"][name, rows] = dict(
-                    stock=stock, got=_first(got), ref=ref, tuple=isinstance(got, tuple),
-                    reduce_results=layer.reduce_results, own_forward="forward" in layer.__dict__)
-            res["targets"] = {name: _traced_targets(getattr(m, name), before[name, 40][0])
-                              for name in ("down", "packed", "biased")}
-            x = before["down", 40][0]
-            compiled = torch.compile(m.down, backend="eager", fullgraph=True)
-            res["compiled_equal"] = torch.equal(_first(compiled(x)), _first(m.down(x)))
+            yield
         finally:
             ps.destroy_model_parallel()
+
+
+def real_install_job(world, backend: str) -> dict:
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    res: dict = {}
+    with vllm_tp_world(world):
+        m = _real_model(world)
+        res["quant_method"] = type(m.down.quant_method).__name__
+        res["tp1"] = vi.eligibility(m.down, 1)
+        cases = [n for n in ROUTED + LEFT if n != "awq"]
+        before = {}
+        for name in cases:
+            layer = getattr(m, name)
+            for rows in (3, 40):  # below and above min_m: decode and sliced paths
+                x, ref = _inputs(world, layer, rows, seed=100 + rows)
+                before[name, rows] = (x, _first(layer(x)), ref)
+        settings = OverlapSettings(True, backend, 16, 3)
+        lora = vi.install(m, settings=settings,
+                          vllm_config=types.SimpleNamespace(lora_config=object()))
+        res["lora_left"] = lora.left
+        report = vi.install(m, settings=settings)
+        rt = overlap.current()
+        # The world's vendor all-reduce is vLLM's (stock and the decode path call it).
+        vendor = rt.world.all_reduce is tensor_model_parallel_all_reduce
+        res["runtime"] = (rt.backend.name, vendor, rt.world.size, rt.settings)
+        res.update(routed=report.routed, left=report.left, summary=report.summary(),
+                   producers=report.producers)
+        res["again"] = vi.install(m, settings=settings).already
+        res["outputs"] = {}
+        for (name, rows), (x, stock, ref) in before.items():
+            layer = getattr(m, name)
+            got = layer(x)
+            res["outputs"][name, rows] = dict(
+                stock=stock, got=_first(got), ref=ref, tuple=isinstance(got, tuple),
+                reduce_results=layer.reduce_results, own_forward="forward" in layer.__dict__)
+        res["targets"] = {name: _traced_targets(getattr(m, name), before[name, 40][0])
+                          for name in ("down", "packed", "biased")}
+        x = before["down", 40][0]
+        compiled = torch.compile(m.down, backend="eager", fullgraph=True)
+        res["compiled_equal"] = torch.equal(_first(compiled(x)), _first(m.down(x)))
     return res
 
 
@@ -255,46 +266,38 @@ def _quant_model():
 
 
 def real_quant_job(world, backend: str) -> dict:
-    os.environ.setdefault("VLLM_DIST_IDENT", f"radiance-ar-test-{os.getppid()}")
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     res: dict = {}
-    with set_current_vllm_config(VllmConfig()):
-        ps.init_distributed_environment(world.size, world.rank, "env://", world.rank, "gloo")
-        ps.initialize_model_parallel(tensor_model_parallel_size=world.size)
+    with vllm_tp_world(world):
+        with set_default_torch_dtype(torch.bfloat16):  # as vLLM's loader builds a model
+            m, int8_method, full = _quant_model()
+        res["methods"] = {n: type(layer.quant_method).__name__ for n, layer in m.named_children()}
+        res["activation_keys"] = {n: str(getattr(layer.quant_method, "activation_quant_key", ""))
+                                  for n, layer in m.named_children()}
+        res["unregistered"] = vi.eligibility(m.int8, world.size)
+        k = K_FULL // world.size
+        cols = slice(world.rank * k, (world.rank + 1) * k)
+        before = {}
+        for name in QUANT_PRODUCERS:
+            for rows in (3, 40):  # below and above min_m: decode and sliced paths
+                g = torch.Generator().manual_seed(200 + rows)
+                x = torch.randn(rows, K_FULL, generator=g).bfloat16()
+                mine = x[:, cols].contiguous()
+                ref = x.double() @ full[name].t()
+                before[name, rows] = (mine, _first(getattr(m, name)(mine)), ref)
+        vi.register_producer(int8_method, vi.GENERIC)
         try:
-            with set_default_torch_dtype(torch.bfloat16):  # as vLLM's loader builds a model
-                m, int8_method, full = _quant_model()
-            res["methods"] = {n: type(layer.quant_method).__name__ for n, layer in m.named_children()}
-            res["activation_keys"] = {n: str(getattr(layer.quant_method, "activation_quant_key", ""))
-                                      for n, layer in m.named_children()}
-            res["unregistered"] = vi.eligibility(m.int8, world.size)
-            k = K_FULL // world.size
-            cols = slice(world.rank * k, (world.rank + 1) * k)
-            before = {}
-            for name in QUANT_PRODUCERS:
-                for rows in (3, 40):  # below and above min_m: decode and sliced paths
-                    g = torch.Generator().manual_seed(200 + rows)
-                    x = torch.randn(rows, K_FULL, generator=g).bfloat16()
-                    mine = x[:, cols].contiguous()
-                    ref = x.double() @ full[name].t()
-                    before[name, rows] = (mine, _first(getattr(m, name)(mine)), ref)
-            vi.register_producer(int8_method, vi.GENERIC)
-            try:
-                report = vi.install(m, settings=OverlapSettings(True, backend, 16, 3))
-            finally:
-                vr._REGISTERED.pop(int8_method, None)
-            res.update(routed=report.routed, left=report.left, producers=report.producers,
-                       summary=report.summary(),
-                       names={n: getattr(layer, vi.ROUTED_ATTR, None)
-                              for n, layer in m.named_children()})
-            res["outputs"] = {(name, rows): dict(stock=stock, got=_first(getattr(m, name)(x)),
-                                                 ref=ref)
-                              for (name, rows), (x, stock, ref) in before.items()}
-            res["targets"] = {name: _traced_targets(getattr(m, name), before[name, 40][0])
-                              for name in ("int8", "fp8_token")}
+            report = vi.install(m, settings=OverlapSettings(True, backend, 16, 3))
         finally:
-            ps.destroy_model_parallel()
+            vr._REGISTERED.pop(int8_method, None)
+        res.update(routed=report.routed, left=report.left, producers=report.producers,
+                   summary=report.summary(),
+                   names={n: getattr(layer, vi.ROUTED_ATTR, None)
+                          for n, layer in m.named_children()})
+        res["outputs"] = {(name, rows): dict(stock=stock, got=_first(getattr(m, name)(x)),
+                                             ref=ref)
+                          for (name, rows), (x, stock, ref) in before.items()}
+        res["targets"] = {name: _traced_targets(getattr(m, name), before[name, 40][0])
+                          for name in ("int8", "fp8_token")}
     return res
