@@ -302,7 +302,8 @@ def test_gpu_fp8_producers_sliced_equal_unsliced(producer):
 @pytest.mark.gpu
 def test_gpu_memory_flat_over_2000_calls_of_random_m_through_the_generic_producer():
     # The per-slice temporaries of apply live in the side stream's pool: after a warm-up
-    # at the high-water mark they are reused, never grown (no record_stream anywhere).
+    # at the high-water mark they are reused, never grown (nothing marks them as used by
+    # another stream).
     rt = runtime(min_m=2048, slices=4, device="cuda:0")
     layer = QuantLayer(Int8WeightOnly(), n=128, k=128, device="cuda")
     name = bind_layer("test.gpu.memory", layer, 128, 128)
