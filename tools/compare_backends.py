@@ -243,11 +243,8 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
                  for r in records if "timeline_events" in r]
     for entry in timelines:
         print(timeline.format_slices(entry))
-    json_path = args.json or os.path.join(args.out_dir, "compare.json")
-    csv_path = os.path.join(args.out_dir, "compare.csv")
-    report.write_json(json_path, hdr, records)
-    report.write_csv(csv_path, records)
-    written = [json_path, csv_path]
+    written = report.write_records(args.json or os.path.join(args.out_dir, "compare.json"),
+                                   os.path.join(args.out_dir, "compare.csv"), hdr, records)
     if not args.no_png:
         png = os.path.join(args.out_dir, "compare.png")
         report.write_png(png, f"{hdr['label']} -- {hdr['device']} -- {hdr['date']}",

@@ -242,11 +242,8 @@ def run_cpu(args, spec: prefill_measure.Spec) -> tuple[dict, list[dict]]:
 
 def finish(args, hdr: dict, records: list[dict]) -> None:
     print(prefill_report.summary(hdr, records))
-    json_path = os.path.join(args.out_dir, "prefill.json")
-    csv_path = os.path.join(args.out_dir, "prefill.csv")
-    report.write_json(json_path, hdr, records)
-    report.write_csv(csv_path, records)
-    written = [json_path, csv_path]
+    written = report.write_records(os.path.join(args.out_dir, "prefill.json"),
+                                   os.path.join(args.out_dir, "prefill.csv"), hdr, records)
     if not args.no_png:
         png = os.path.join(args.out_dir, "prefill.png")
         if prefill_report.write_png(png, hdr, records):

@@ -104,6 +104,13 @@ def write_csv(path: str, records: list[dict]) -> None:
                           for k, v in r.items()} for r in records)
 
 
+def write_records(json_path: str, csv_path: str, header: dict, records: list[dict]) -> list[str]:
+    """The run as JSON (header + records) and CSV (records); returns both paths."""
+    write_json(json_path, header, records)
+    write_csv(csv_path, records)
+    return [json_path, csv_path]
+
+
 def write_png(path: str, title: str, records: list[dict],
               baseline: str = "stock (GEMM then AR)") -> None:
     """(a) speedup vs M per backend, (b) contention per backend and M."""
