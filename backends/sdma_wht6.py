@@ -13,7 +13,8 @@ One call of rank r, epoch t (one-shot only: a two-shot would quantize twice)::
                | ready_r = t | for p: wait ready_p >= t, pull pub_p -> recv_p
                | done_r = t | decode_accumulate(pub_r.., recv_p..) -> out
 
-The fence, flags, epochs and pulls are the sdma backend's (:mod:`backends.sdma`);
+The fence, flags, epochs and pulls are the copy-engine transport's, the one ``sdma``
+uses too (:mod:`backends.copy_transport`; this backend holds its own instance);
 payloads always start at offset 0 of ``pub``, so the fence orders each call's encode
 after every peer finished pulling the previous call's payload.
 
@@ -26,19 +27,20 @@ import torch
 
 from backends import wht6
 from backends.envs import BackendSettings
-from backends.interface import (check_slice, copy_unless_same, current_stream_handle,
-                                refuse_growth_in_capture)
+from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
+                                current_stream_handle, refuse_growth_in_capture)
 from backends.registry import register
-from backends.sdma import SdmaBackend
 from backends.trace import traced
+from backends.transport_backend import TransportBackend
 from backends.world import World
 
 
 @register("sdma_wht6")
-class SdmaWht6Backend(SdmaBackend):
+class SdmaWht6Backend(TransportBackend):
     bit_exact = False  # quantized; still identical bits on every rank
     rel_rms_bound = wht6.SUM_REL_RMS_BOUND
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
+    world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
 
     def __init__(self, world: World, settings: BackendSettings | None = None):
         """``settings``: ``spin_timeout_ms`` (default: the environment's); the schedule is
@@ -54,12 +56,12 @@ class SdmaWht6Backend(SdmaBackend):
         return (world_size - 1) * wht6.payload_bytes(numel) if world_size > 1 else 0
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+        check_capacity_args(self.name, max_rows, cols, dtype)
         rows, row_bytes = wht6.payload_shape(max_rows, cols)
         if cols != self.cols and self.world.device.type == "cuda" and self.world.size > 1:
             self._warm_codec(cols, dtype)
         self.cols = cols
-        # The transport's buffers hold bytes: size them as a bf16 view of the payload.
-        super().ensure_capacity(rows, row_bytes // 2, torch.bfloat16)
+        self.transport.ensure_capacity(rows * row_bytes)
 
     def _warm_codec(self, cols: int, dtype: torch.dtype) -> None:
         """Compile and load the codec kernels now, for the reason given in
@@ -81,32 +83,34 @@ class SdmaWht6Backend(SdmaBackend):
         if self.world.size == 1:
             copy_unless_same(slice_in, out)
             return
+        tr = self.transport
         shape = wht6.payload_shape(rows, cols)
-        nbytes = self._check_fits(shape[0] * shape[1])
+        nbytes = tr.check_fits(shape[0] * shape[1])
         stream = current_stream_handle(self.world.device)
         with self.signals.call(self.signature(slice_in)) as t:
-            if not self.emulated:  # the encode below writes the peer-visible buffer itself
-                self._fence(0, nbytes, stream)
-            encoded = (self._stage if self.emulated else self._pub.local)[:nbytes].view(shape)
-            with traced(self.trace, stream, "encode"):
+            if not tr.emulated:  # the encode below writes the peer-visible buffer itself
+                tr.fence(0, nbytes, stream)
+            encoded = tr.source("pub")[:nbytes].view(shape)
+            with traced(tr.trace, stream, "encode"):
                 wht6.encode(slice_in, out=encoded)
-            if self.emulated:  # the D2H publish, fenced, on the publish lane
-                self._post_publish(t, "ready", self._pub.local[:nbytes], encoded.view(-1),
-                                   stream, fence=(0, nbytes))
+            if tr.emulated:  # the D2H publish, fenced, on the publish lane
+                tr.publish(t, "ready", tr.pub.local[:nbytes], encoded.view(-1), stream,
+                           fence=(0, nbytes))
             else:
                 self.signals.post("ready", t, stream)
-            pulled = self._pull_all(t, 0, nbytes, stream)
+            pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")
             payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
                         for q in range(self.world.size)]
-            with traced(self.trace, stream, "decode_accumulate"):
+            with traced(tr.trace, stream, "decode_accumulate"):
                 wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
-            self._finish(t, 0, nbytes, stream)
+            tr.finish(t, 0, nbytes, stream)
 
     def fill_passive_peers(self) -> None:
-        """Timing mode (see :meth:`SdmaBackend.fill_passive_peers`): every peer holds valid
-        payloads of rows of ``cols`` columns (repeated rows are again a valid payload)."""
+        """Timing mode (see :meth:`backends.sdma.SdmaBackend.fill_passive_peers`): every
+        peer holds valid payloads of rows of ``cols`` columns (repeated rows are again a
+        valid payload)."""
         if self.cols == 0:
             raise ValueError("sdma_wht6.fill_passive_peers: call ensure_capacity first")
         g = torch.Generator().manual_seed(0)
         values = torch.randn(64, self.cols, generator=g).to(torch.bfloat16)
-        super().fill_passive_peers(wht6.encode(values))
+        self.transport.fill_passive_peers(wht6.encode(values))

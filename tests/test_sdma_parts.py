@@ -11,6 +11,7 @@ import torch
 
 from backends import copy_engine
 from backends.copy_engine import BindingsMissing, CopyEngineError
+from backends.copy_transport import CopyTransport
 from backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
 from backends.sdma import SdmaBackend
 from backends.world import World
@@ -223,12 +224,13 @@ def test_cpu_copy_counts_bytes():
 def test_resync_is_refused_in_a_gpu_symm_world():
     # Device-memory flags: a stream blocked on a missing peer cannot be released, so a
     # resync there would wait forever; every rank refuses alike (by world kind).
-    be = SdmaBackend.__new__(SdmaBackend)
-    be.world = World(0, 2, torch.device("cuda", 0), memory=None)
-    be.world.memory = type("Symm", (), {"kind": "gpu-symm"})()
-    be.signals = object()
-    with pytest.raises(RuntimeError, match="gpu-symm world.*restart the job"):
-        be.resync()
+    tr = CopyTransport.__new__(CopyTransport)  # the transport of sdma and sdma_wht6
+    tr.world = World(0, 2, torch.device("cuda", 0), memory=None)
+    tr.world.memory = type("Symm", (), {"kind": "gpu-symm"})()
+    tr.signals, tr.owner = object(), "sdma"
+    with pytest.raises(RuntimeError, match="sdma.resync: not possible in a gpu-symm world"
+                                           ".*restart the job"):
+        tr.resync()
 
 
 def test_passive_peer_fill_repeats_the_payload_into_every_other_rank_only():
