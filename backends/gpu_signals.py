@@ -135,6 +135,13 @@ class GpuSignals(Signals):
         seen = self._read(peer, _word(slot, epoch))
         return ((seen - value) & MASK32) < 2 ** 31 if slot == "done" else seen == value
 
+    def _in_call(self, peer: int, epoch: int, value: int) -> bool:
+        """Whether ``peer``'s header shows it in the very call whose flag (``value``) is
+        awaited: then it is stuck or gone inside that call (between two-shot's phases,
+        say), not in another call."""
+        peer_epoch, sig, _ = self.peer_header(peer)
+        return peer_epoch == epoch and sig is not None and self._make_tag(epoch, sig) == value
+
     def _diagnose(self, waited_ms: float) -> Exception:
         """The error a call that did not finish within the bound raises: who is missing
         (a peer that gave up, one in another call, or one that never posted)."""
@@ -149,7 +156,8 @@ class GpuSignals(Signals):
                     if self._host_visible else "")
         if self._host_visible and self._read(peer, _HEADER["abort"]):
             return PeerAbortedError(self._aborted_message(peer, what) + released)
-        if slot != "done" and self._host_visible and self._read(peer, _HEADER["epoch"]) >= epoch:
+        if slot != "done" and self._host_visible and self._read(peer, _HEADER["epoch"]) >= epoch \
+                and not self._in_call(peer, epoch, value):
             return CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what)
                                            + released)
         seen = self._read(peer, _word(slot, epoch))

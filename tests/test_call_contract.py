@@ -142,3 +142,28 @@ def test_a_call_refused_for_an_aborted_peer_takes_no_number_so_resync_agrees():
             pass
     assert s1.epoch == 0
     resync_then_a_good_call(s0, s1, at=1)
+
+
+def test_the_gpu_diagnosis_tells_a_peer_stuck_inside_the_call_from_one_in_another():
+    """GpuSignals' diagnosis after its bound, on host-visible words (as in the emulated
+    world), driven here on CPU tensors: a peer whose header shows the very call awaited
+    but which never posted the flag (stuck or gone between two-shot's phases) is a
+    timeout naming it; a peer in that epoch with another signature is a mismatch."""
+    from collections import deque
+
+    from backends.gpu_signals import GpuSignals
+    from backends.signals import Signals
+
+    peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
+    gpu = GpuSignals.__new__(GpuSignals)  # its stream operations are not used here
+    Signals.__init__(gpu, PeerBuffer("flags", FLAG_BYTES, 0, peers), 0, 2, 150.0, "test")
+    gpu._awaited = deque()
+    peer = CpuSignals(PeerBuffer("flags", FLAG_BYTES, 1, peers), 1, 2, 150.0, "test")
+    for peer_sig, error, words in ((sig(), PeerTimeoutError, "did not post flag 'reduced'"),
+                                   (sig(rows=16), CollectiveMismatchError, "another call")):
+        with gpu.call(sig()) as t, peer.call(peer_sig) as tp:
+            peer.post("ready", tp)
+            gpu._awaited.append((1, "reduced", t, gpu.tag(t), "a two-shot call"))
+            found = gpu._diagnose(200.0)
+        assert isinstance(found, error) and words in str(found), found
+        gpu._awaited.clear()
