@@ -116,7 +116,7 @@ SPIN_TIMEOUT_MS_RANGE = (1.0, 600_000.0)
 #: on the H200), while oneshot_wht6 is meant to hold few compute units.
 MAX_OVERLAP_SLICES = 64
 MAX_ONESHOT_CTAS = 1024
-#: the transfer schedules of the sdma backend (backends/sdma.py)
+#: the transfer schedules of the copy-engine backends (backends/sdma.py, sdma_wht6.py)
 SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
 
 
@@ -138,7 +138,8 @@ KNOBS: dict[str, Knob] = {
              "longest wait, in ms (1 to 600000), for a peer's flag before a backend reports "
              "the peer missing; an unbounded spin can wedge an RDNA compute queue"),
         Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice(*SDMA_SCHEDULES),
-             "sdma transfer schedule; auto picks by message size and world size"),
+             "transfer schedule of sdma and sdma_wht6; auto picks by message size and world "
+             "size"),
     )
 }
 
@@ -176,7 +177,7 @@ class BackendSettings:
 
     #: RADIANCE_AR_SPIN_TIMEOUT_MS: longest wait for a peer before a call fails (ms)
     spin_timeout_ms: float = _default("RADIANCE_AR_SPIN_TIMEOUT_MS")
-    #: RADIANCE_AR_SDMA_SCHEDULE: the sdma transfer schedule (``SDMA_SCHEDULES``)
+    #: RADIANCE_AR_SDMA_SCHEDULE: the sdma / sdma_wht6 transfer schedule (``SDMA_SCHEDULES``)
     sdma_schedule: str = _default("RADIANCE_AR_SDMA_SCHEDULE")
     #: RADIANCE_AR_ONESHOT_CTAS: CTAs the oneshot_wht6 kernel holds
     oneshot_ctas: int = _default("RADIANCE_AR_ONESHOT_CTAS")

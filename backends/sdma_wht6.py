@@ -1,24 +1,61 @@
-"""``sdma_wht6``: the sdma transport moving wht6 payloads -- codec bytes, DMA waits.
+"""``sdma_wht6``: the copy-engine transport moving wht6 payloads -- codec bytes, DMA waits.
 
 The byte savings of the 6.25-bit codec (:mod:`backends.wht6`) with a wait that costs no
-compute units: encode this rank's slice on the CUs into its peer-visible buffer, let
-the copy engines pull every peer's payload (stream wait-value on the peer's ``ready``
-flag, then a copy: no kernel spins), then ONE decode-accumulate kernel sums all W
-payloads in rank order (fp32, one inverse rotation, rounded once). Each rank decodes
-its own payload too, so every rank sums identical values and holds identical bits.
+compute units: encode this rank's slice on the CUs into its peer-visible buffer, let the
+copy engines pull peers' payloads (stream wait-value on the peer's flag, then a copy: no
+kernel spins; :mod:`backends.copy_transport`), decode on the CUs. Every rank decodes the
+same payloads in the same order, so every rank holds identical bits. In plain torch,
+with ``q = lambda x: decode(encode(x))`` and ``dq_sum`` the codec's decode-accumulate
+of the W encoded slices in rank order (fp32, one inverse rotation, rounded once)::
 
-One call of rank r, epoch t (one-shot only: a two-shot would quantize twice)::
+    out = dq_sum(slice_in of every rank)         # one-shot
+    out = q(dq_sum(slice_in of every rank))      # two-shot: quantized a second time
+
+Schedules (``settings.sdma_schedule``, from ``RADIANCE_AR_SDMA_SCHEDULE``; ``auto``:
+:func:`backends.sdma_schedule.auto_schedule_wht6`, which also gives the byte counts).
+
+One-shot, rank r, epoch t: every peer's whole payload::
 
     stream r : fence | encode(slice) -> pub_r (emulated: -> stage, D2H -> pub_r on the lane)
-               | ready_r = t | for p: wait ready_p >= t, pull pub_p -> recv_p
-               | done_r = t | decode_accumulate(pub_r.., recv_p..) -> out
+               | ready_r = t | for p: wait ready_p == t, pull pub_p -> recv_p
+               | done_r = t | decode_accumulate(pub_r, recv_p.. in rank order) -> out
 
-The fence, flags, epochs and pulls are the copy-engine transport's, the one ``sdma``
-uses too (:mod:`backends.copy_transport`; this backend holds its own instance);
-payloads always start at offset 0 of ``pub``, so the fence orders each call's encode
-after every peer finished pulling the previous call's payload.
+Two-shot, rank r, epoch t; payload rows are cut into W shards (``row_shards``; payload
+row i encodes output row i only, so a shard is a payload of its own)::
 
-wire_bytes = (W-1) x payload bytes = (W-1) x numel x 25/32: 39% of sdma one-shot's.
+    stream r : fence | encode(slice) -> pub_r | ready_r = t          (as one-shot)
+               | for p: wait ready_p == t, pull shard r of pub_p -> recv_p
+               | decode_accumulate(shard r of pub_r, recv_p.. in rank order) -> out[shard r]
+               | encode(out[shard r]) -> red_r (emulated: -> red stage, D2H -> red_r on the
+                 lane) | reduced_r = t | decode(red_r) -> out[shard r]
+               | for p: wait reduced_p == t, pull red_p -> recv_p
+               | done_r = t | for p: decode(recv_p) -> out[shard p]
+
+Rank r decodes its own re-encoded shard too, so out = decode(encode(sum)) holds the
+same bits on every rank. ``red`` holds a rank's shard from offset 0; it is written
+after the call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence
+orders each call after every peer's last pull, of either buffer, of the call before).
+
+wire_bytes: one-shot (W-1) x payload bytes = (W-1) x numel x 25/32 (39% of sdma
+one-shot's); two-shot, per rank, (W-1) x its shard + the W-1 other shards, about
+2(W-1)/W x payload bytes (exactly :func:`~backends.sdma_schedule.wht6_twoshot_wire_bytes`).
+
+Error bounds (``rel_rms_bound``, relative RMS error against the float64 sum, on
+Gaussian-like data). Let S be the exact sum, S1 = dq_sum(...) and S2 = q(S1):
+
+- one-shot: ``ONESHOT_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND = 2^-5``.
+- two-shot: ``TWOSHOT_REL_RMS_BOUND = B_sum + B_1 (1 + B_sum) = 2^-4 + 2^-10`` (0.0635),
+  with B_sum = ``wht6.SUM_REL_RMS_BOUND`` bounding ||S1 - S|| / ||S|| and B_1 the bound
+  of ONE payload, decode(encode(x)) against x: ``wht6.SUM_REL_RMS_BOUND`` again, the
+  sum of one payload (the codec's tests hold a single round trip to it; one payload's
+  measured error, 0.021 on Gaussian data, is what the codec's sum bound rests on).
+  ||S2 - S1|| <= B_1 ||S1|| and ||S1|| <= (1 + B_sum) ||S||, so the triangle
+  inequality gives the bound. It is a worst case: the two quantizations' errors are
+  independent and add in quadrature. Measured with the CPU reference codec (1024 x 5120
+  Gaussian bf16 per rank, W = 2, 4, 8): 0.021 one-shot, 0.0297 two-shot (1.41x).
+
+An instance's ``rel_rms_bound`` is its schedule's (``auto`` where it may pick two-shot:
+the two-shot bound); the class attribute is the larger, true of every instance.
 """
 
 from __future__ import annotations
@@ -30,36 +67,79 @@ from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
                                 current_stream_handle, refuse_growth_in_capture)
 from backends.registry import register
+from backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_schedule_wht6, row_shards,
+                                    wht6_twoshot_wire_bytes)
 from backends.trace import traced
 from backends.transport_backend import TransportBackend
 from backends.world import World
+
+ONESHOT_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND
+#: one payload's bound (decode(encode(x)) against x): a decode-accumulate of one payload
+PAYLOAD_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND
+TWOSHOT_REL_RMS_BOUND = ONESHOT_REL_RMS_BOUND + PAYLOAD_REL_RMS_BOUND * (1 + ONESHOT_REL_RMS_BOUND)
+REL_RMS_BOUNDS = {"oneshot": ONESHOT_REL_RMS_BOUND, "twoshot": TWOSHOT_REL_RMS_BOUND}
 
 
 @register("sdma_wht6")
 class SdmaWht6Backend(TransportBackend):
     bit_exact = False  # quantized; still identical bits on every rank
-    rel_rms_bound = wht6.SUM_REL_RMS_BOUND
+    rel_rms_bound = TWOSHOT_REL_RMS_BOUND  # the larger; each instance sets its schedule's
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
+    stage_reduced = True  # emulated: the re-encoded shard is written to device memory first
     world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
 
-    def __init__(self, world: World, settings: BackendSettings | None = None):
-        """``settings``: ``spin_timeout_ms`` (default: the environment's); the schedule is
-        one-shot whatever ``sdma_schedule`` says."""
-        super().__init__(world, settings, schedule="oneshot")
-        self.cols = 0  # columns of the last ensure_capacity (payload layout for timing)
+    def __init__(self, world: World, settings: BackendSettings | None = None, *,
+                 schedule: str | None = None):
+        """``settings``: ``sdma_schedule`` and ``spin_timeout_ms`` (default: the
+        environment's); ``schedule`` fixes the schedule, checked alike."""
+        super().__init__(world, settings, schedule=schedule)
+        self.rel_rms_bound = REL_RMS_BOUNDS[
+            "twoshot" if world.size > 1 and self.may_use_twoshot() else "oneshot"]
+        self.cols = 0  # columns of the last ensure_capacity (payload rows, timing fill)
+        self._warm_dtypes: set[torch.dtype] = set()
+
+    def may_use_twoshot(self) -> bool:
+        return self.schedule == "twoshot" or (self.schedule == "auto" and
+                                              self.world.size >= WHT6_TWOSHOT_MIN_WORLD)
 
     @classmethod
     def unsupported_cols_reason(cls, cols: int) -> str | None:
         return wht6.cols_reason(cols)
 
+    def schedule_for(self, payload_bytes: int) -> str:
+        """The schedule of a call moving payloads of ``payload_bytes`` (auto resolved)."""
+        return (auto_schedule_wht6(payload_bytes, self.world.size) if self.schedule == "auto"
+                else self.schedule)
+
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
-        return (world_size - 1) * wht6.payload_bytes(numel) if world_size > 1 else 0
+        """Bytes THIS rank pulls per call of ``numel`` values, whatever their dtype.
+        Two-shot shards by rows of ``cols`` (the last ``ensure_capacity``'s), so its
+        count is this rank's in its own world: another ``world_size`` is refused there."""
+        if world_size < 2:
+            return 0
+        payload = wht6.payload_bytes(numel)
+        auto = self.schedule == "auto"
+        schedule = auto_schedule_wht6(payload, world_size) if auto else self.schedule
+        if schedule == "oneshot":
+            return (world_size - 1) * payload
+        if world_size != self.world.size:
+            raise ValueError(f"sdma_wht6.wire_bytes: two-shot counts this rank's bytes in "
+                             f"its world of {self.world.size} ranks, got world_size={world_size}")
+        if self.cols == 0 or numel % self.cols:
+            raise ValueError(f"sdma_wht6.wire_bytes: {numel} values are not whole rows of "
+                             f"cols={self.cols} (call ensure_capacity first)")
+        return wht6_twoshot_wire_bytes(numel // self.cols, wht6.payload_bytes_per_row(self.cols),
+                                       world_size, self.world.rank)
 
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         check_capacity_args(self.name, max_rows, cols, dtype)
         rows, row_bytes = wht6.payload_shape(max_rows, cols)
-        if cols != self.cols and self.world.device.type == "cuda" and self.world.size > 1:
+        if ((cols != self.cols or dtype not in self._warm_dtypes)
+                and self.world.device.type == "cuda" and self.world.size > 1):
+            if cols != self.cols:
+                self._warm_dtypes.clear()
             self._warm_codec(cols, dtype)
+            self._warm_dtypes.add(dtype)
         self.cols = cols
         self.transport.ensure_capacity(rows * row_bytes)
 
@@ -69,12 +149,15 @@ class SdmaWht6Backend(TransportBackend):
         the device while an emulated rank's stream waits on a flag). Triton compiles one
         variant per divisibility of ``n_sub = rows * cols / 32`` by 16: 1 and 2 rows give
         both where both exist. Warming 1 row only leaves a variant to compile at a first
-        call, while a rank's stream may wait on a peer (docs/history.md)."""
+        call, while a rank's stream may wait on a peer (docs/history.md). Two-shot also
+        decodes ONE payload (a variant of its own: Triton specializes an argument of 1)."""
         refuse_growth_in_capture("sdma_wht6 codec warm-up", self.world.device)
+        counts = {self.world.size} | ({1} if self.may_use_twoshot() else set())
         for rows in (1, 2):
             x = torch.zeros(rows, cols, dtype=dtype, device=self.world.device)
             payload = wht6.encode(x)
-            wht6.decode_accumulate([payload] * self.world.size, (rows, cols), dtype)
+            for n in sorted(counts):
+                wht6.decode_accumulate([payload] * n, (rows, cols), dtype)
         torch.cuda.synchronize(self.world.device)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
@@ -88,29 +171,84 @@ class SdmaWht6Backend(TransportBackend):
         nbytes = tr.check_fits(shape[0] * shape[1])
         stream = current_stream_handle(self.world.device)
         with self.signals.call(self.signature(slice_in)) as t:
-            if not tr.emulated:  # the encode below writes the peer-visible buffer itself
-                tr.fence(0, nbytes, stream)
-            encoded = tr.source("pub")[:nbytes].view(shape)
-            with traced(tr.trace, stream, "encode"):
-                wht6.encode(slice_in, out=encoded)
-            if tr.emulated:  # the D2H publish, fenced, on the publish lane
-                tr.publish(t, "ready", tr.pub.local[:nbytes], encoded.view(-1), stream,
-                           fence=(0, nbytes))
+            encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream)
+            if self.schedule_for(nbytes) == "oneshot":
+                pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")
+                payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
+                            for q in range(self.world.size)]
+                with traced(tr.trace, stream, "decode_accumulate"):
+                    wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
             else:
-                self.signals.post("ready", t, stream)
-            pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")
-            payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
-                        for q in range(self.world.size)]
-            with traced(tr.trace, stream, "decode_accumulate"):
-                wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
+                self._twoshot(t, encoded, out, stream)
             tr.finish(t, 0, nbytes, stream)
 
     def fill_passive_peers(self) -> None:
         """Timing mode (see :meth:`backends.sdma.SdmaBackend.fill_passive_peers`): every
-        peer holds valid payloads of rows of ``cols`` columns (repeated rows are again a
-        valid payload)."""
+        peer holds valid payloads of rows of ``cols`` columns in ``pub`` and ``red``
+        (repeated whole rows from offset 0 are again a valid payload)."""
         if self.cols == 0:
             raise ValueError("sdma_wht6.fill_passive_peers: call ensure_capacity first")
         g = torch.Generator().manual_seed(0)
         values = torch.randn(64, self.cols, generator=g).to(torch.bfloat16)
         self.transport.fill_passive_peers(wht6.encode(values))
+
+    # ------------------------------------------------------------------ internals
+
+    def _encode_and_publish(self, t: int, slice_in: torch.Tensor, shape: tuple, nbytes: int,
+                            stream: int) -> torch.Tensor:
+        """Encode ``slice_in`` into this rank's payload (fenced) and publish it as call
+        ``t``'s ``ready``; returns the local payload."""
+        tr = self.transport
+        if not tr.emulated:  # the encode below writes the peer-visible buffer itself
+            tr.fence(0, nbytes, stream)
+        encoded = tr.source("pub")[:nbytes].view(shape)
+        with traced(tr.trace, stream, "encode"):
+            wht6.encode(slice_in, out=encoded)
+        if tr.emulated:  # the D2H publish, fenced, on the publish lane
+            tr.publish(t, "ready", tr.pub.local[:nbytes], encoded.view(-1), stream,
+                       fence=(0, nbytes))
+        else:
+            self.signals.post("ready", t, stream)
+        return encoded
+
+    def _twoshot(self, t: int, encoded: torch.Tensor, out: torch.Tensor, stream: int) -> None:
+        """Phases 2-4 of the two-shot schedule (module doc), after the publish."""
+        tr, r, size = self.transport, self.world.rank, self.world.size
+        rows, cols = out.shape
+        rb = encoded.shape[1]
+        bounds = row_shards(rows, size, rb)
+        lo, hi = bounds[r], bounds[r + 1]
+        what = f"{self.name} two-shot all_reduce"
+        # Compressed reduce-scatter: shard r of every payload, summed in rank order.
+        got = {}
+        for p in tr.peers:
+            got[p] = tr.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb)
+            tr.pull(p, "ready", t, got[p], tr.pub.peer(p)[lo * rb:hi * rb], stream, what)
+        if hi > lo:
+            shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
+            with traced(tr.trace, stream, "decode_accumulate"):
+                wht6.decode_accumulate(shards, (hi - lo, cols), out.dtype, out=out[lo:hi])
+        # Re-encode the reduced shard (from out's dtype values) and publish it.
+        mine = tr.source("red")[:(hi - lo) * rb].view(hi - lo, rb)
+        if hi > lo:
+            with traced(tr.trace, stream, "encode reduced"):
+                wht6.encode(out[lo:hi], out=mine)
+        tr.publish(t, "reduced", tr.red.local[:(hi - lo) * rb] if tr.emulated else None,
+                   mine.view(-1), stream)
+        self._decode(mine, out[lo:hi], r, stream)
+        # Compressed all-gather: every peer's re-encoded shard, decoded into its rows.
+        for p in tr.peers:
+            a, b = bounds[p], bounds[p + 1]
+            got[p] = tr.recv_slot(p, (b - a) * rb).view(b - a, rb)
+            tr.pull(p, "reduced", t, got[p], tr.red.peer(p)[:(b - a) * rb], stream, what)
+        self.signals.post("done", t, stream)
+        for p in tr.peers:
+            self._decode(got[p], out[bounds[p]:bounds[p + 1]], p, stream)
+
+    def _decode(self, payload: torch.Tensor, out: torch.Tensor, shard: int, stream: int) -> None:
+        """``out[...] = decode(payload)``: a decode-accumulate of one payload, the same
+        call for a shard on every rank (same shape, same bits)."""
+        if out.shape[0] == 0:
+            return
+        with traced(self.transport.trace, stream, "decode_accumulate reduced", shard):
+            wht6.decode_accumulate([payload], tuple(out.shape), out.dtype, out=out)

@@ -1,13 +1,24 @@
-"""Jobs for the sdma_wht6 tests (module-level: the CPU world pickles them by name)."""
+"""Jobs for the sdma_wht6 tests (module-level: the CPU world pickles them by name).
+
+The references are built from the codec's plain-torch reference functions
+(``backends.wht6.reference``), never through the backend or its transport: one-shot
+must equal the decode-accumulate of every rank's payload in rank order, two-shot the
+same sum encoded and decoded once more, bit for bit.
+"""
 
 from __future__ import annotations
 
+import random
+import time
+
 import torch
+import torch.distributed as dist
 
 import overlap
 from oneshot_jobs import make_input  # codec-friendly inputs (row scales 2^-4..2^4)
-from backends import wht6
+from backends.envs import BackendSettings
 from backends.sdma_wht6 import SdmaWht6Backend
+from backends.wht6 import reference as codec
 from backends.world import World
 from overlap.config import OverlapSettings
 from overlap.slicing import slice_bounds
@@ -15,46 +26,125 @@ from overlap.slicing import slice_bounds
 DT = torch.bfloat16
 
 
-def codec_reference(seed: int, call: int, size: int, rows: int, cols: int) -> torch.Tensor:
-    """What every rank must hold: the codec's own decode-accumulate of every rank's
-    independently encoded input, in rank order."""
-    payloads = [wht6.encode(make_input(seed, call, r, rows, cols)) for r in range(size)]
-    return wht6.decode_accumulate(payloads, (rows, cols), DT)
+def codec_reference(xs: list[torch.Tensor], schedule: str) -> torch.Tensor:
+    """What every rank must hold for inputs ``xs`` (rank order): one-shot
+    decode_accumulate(encodes); two-shot decode(encode(that))."""
+    shape = tuple(xs[0].shape)
+    summed = codec.decode_accumulate([codec.encode(x) for x in xs], shape, DT)
+    return summed if schedule == "oneshot" else codec.decode(codec.encode(summed), shape, DT)
 
 
-def exact_job(world: World, shapes: list, slices: int, seed: int) -> list:
-    be = SdmaWht6Backend(world)
+def rel_rms(out: torch.Tensor, exact: torch.Tensor) -> float:
+    return ((out.double() - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
+
+
+def exact_job(world: World, shapes: list, slices: int, seed: int, schedule: str) -> list:
+    """For each (rows, cols): the AR of this rank's input slice by slice (NaN-poisoned
+    output), whether it equals the codec reference, the bytes pulled against wire_bytes,
+    the schedule each slice ran and the error against the float64 sum."""
+    be = SdmaWht6Backend(world, BackendSettings(sdma_schedule=schedule))
     results = []
     for call, (rows, cols) in enumerate(shapes):
         be.ensure_capacity(rows, cols, DT)
-        x = make_input(seed, call, world.rank, rows, cols)
+        xs = [make_input(seed, call, r, rows, cols) for r in range(world.size)]
         out = torch.full((rows, cols), float("nan"), dtype=DT)
         before = be.pulled_bytes
-        bounds = slice_bounds(rows, slices)
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            be.all_reduce(x[a:b], out[a:b])
-        expected = torch.cat([codec_reference(seed, call, world.size, rows, cols)[a:b]
-                              for a, b in zip(bounds[:-1], bounds[1:])])
-        exact = torch.sum(torch.stack([make_input(seed, call, r, rows, cols).double()
-                                       for r in range(world.size)]), dim=0)
-        results.append({"out": out, "matches_codec": torch.equal(out, expected),
+        bounds = list(zip(slice_bounds(rows, slices)[:-1], slice_bounds(rows, slices)[1:]))
+        ran = []
+        for a, b in bounds:
+            be.all_reduce(xs[world.rank][a:b], out[a:b])
+            ran.append(be.schedule_for(codec.payload_bytes_per_row(cols) * (b - a)))
+        expected = torch.cat([codec_reference([x[a:b] for x in xs], s)
+                              for (a, b), s in zip(bounds, ran)])
+        exact = torch.stack([x.double() for x in xs]).sum(0)
+        results.append({"out": out, "matches_codec": torch.equal(out, expected), "ran": ran,
                         "pulled": be.pulled_bytes - before,
-                        "wire": sum(be.wire_bytes((b - a) * cols, world.size)
-                                    for a, b in zip(bounds[:-1], bounds[1:])),
-                        "rel_rms": ((out.double() - exact).pow(2).mean().sqrt()
-                                    / exact.pow(2).mean().sqrt()).item()})
+                        "wire": sum(be.wire_bytes((b - a) * cols, world.size) for a, b in bounds),
+                        "rel_rms": rel_rms(out, exact), "bound": be.rel_rms_bound})
     be.close()
     return results
 
 
-def op_job(world: World, rows: int, cols: int, k: int, slices: int, seed: int) -> dict:
-    rt = overlap.build(world, OverlapSettings(True, "sdma_wht6", 1, slices))
+def long_job(world: World, calls: int, seed: int, schedule: str) -> list:
+    """``calls`` consecutive calls of varying rows, cols and slicing, with per-rank
+    delays (peers run ahead into the next call's encode and re-encode, which the reuse
+    fence must hold back); per call, whether it was the codec reference."""
+    be = SdmaWht6Backend(world, BackendSettings(sdma_schedule=schedule))
+    plan = random.Random(seed)  # the same plan on every rank
+    jitter = random.Random(seed * 31 + world.rank)
+    right = []
+    for call in range(calls):
+        rows, cols, slices = plan.randint(1, 24), plan.choice([256, 768]), plan.randint(1, 3)
+        be.ensure_capacity(rows, cols, DT)
+        xs = [make_input(seed, call, r, rows, cols) for r in range(world.size)]
+        out = torch.full((rows, cols), float("nan"), dtype=DT)
+        bounds = list(zip(slice_bounds(rows, slices)[:-1], slice_bounds(rows, slices)[1:]))
+        for a, b in bounds:
+            if jitter.random() < 0.3:
+                time.sleep(jitter.uniform(0, 0.002))
+            be.all_reduce(xs[world.rank][a:b], out[a:b])
+        want = torch.cat([codec_reference([x[a:b] for x in xs], schedule) for a, b in bounds])
+        right.append(torch.equal(out, want))
+    be.close()
+    return right
+
+
+def op_job(world: World, rows: int, cols: int, k: int, slices: int, seed: int,
+           schedule: str = "auto") -> dict:
+    knobs = BackendSettings(sdma_schedule=schedule)
+    rt = overlap.build(world, OverlapSettings(True, "sdma_wht6", 1, slices, knobs))
     g = torch.Generator().manual_seed(seed * 100 + world.rank)
     x = torch.randn(rows, k, generator=g).to(DT)
     w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
     out = overlap.forward(rt, x, w, None, "bf16")
     exact = (x.double() @ w.double().t())
-    torch.distributed.all_reduce(exact, group=world.group)
+    dist.all_reduce(exact, group=world.group)
     rt.close()
-    return {"out": out, "rel_rms": ((out.double() - exact).pow(2).mean().sqrt()
-                                    / exact.pow(2).mean().sqrt()).item()}
+    return {"out": out, "rel_rms": rel_rms(out, exact), "bound": rt.backend.rel_rms_bound}
+
+
+def _outcome(be: SdmaWht6Backend, world: World, seed: int, rows: int, cols: int) -> dict:
+    """One two-shot call: {"error": type, "message"} or {"out", "right"} (the codec result)."""
+    xs = [make_input(seed, 0, r, rows, cols) for r in range(world.size)]
+    out = torch.full((rows, cols), float("nan"), dtype=DT)
+    start = time.monotonic()
+    try:
+        be.all_reduce(xs[world.rank], out)
+    except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
+        return {"error": type(e).__name__, "message": str(e),
+                "elapsed": time.monotonic() - start}
+    return {"out": out, "right": torch.equal(out, codec_reference(xs, "twoshot"))}
+
+
+def reduced_phase_fault_job(world: World, fault: str, timeout_ms: float) -> dict:
+    """Rank 1 fails between its reduce-scatter and its all-gather, in a two-shot call:
+    ``"raise"``: its call raises just before it publishes its reduced shard (its abort
+    word tells the peers); ``"stall"``: it publishes that shard 1.5 bounds late, which
+    its peers cannot tell from a rank that died there. Then a second call (refused
+    everywhere), ``resync()`` on every rank and a good call."""
+    be = SdmaWht6Backend(world, BackendSettings(sdma_schedule="twoshot",
+                                                spin_timeout_ms=timeout_ms))
+    rows, cols = 8, 256
+    be.ensure_capacity(rows, cols, DT)
+    res = {"warm": _outcome(be, world, 1, rows, cols)}
+    dist.barrier(group=world.group)
+    if world.rank == 1:
+        publish = be.transport.publish
+
+        def faulty(t, slot, *args, **kwargs):
+            if slot == "reduced":
+                if fault == "raise":
+                    raise RuntimeError("rank 1 failed before publishing its reduced shard")
+                time.sleep(1.5 * timeout_ms / 1000.0)
+            return publish(t, slot, *args, **kwargs)
+
+        be.transport.publish = faulty
+    res["faulty"] = _outcome(be, world, 2, rows, cols)
+    if world.rank == 1:
+        del be.transport.publish  # the class's method again
+    res["next"] = _outcome(be, world, 3, rows, cols)
+    dist.barrier(group=world.group)
+    be.resync()
+    res["after_resync"] = _outcome(be, world, 4, rows, cols)
+    be.close()
+    return res

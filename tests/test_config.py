@@ -212,4 +212,4 @@ def test_the_runtime_hands_its_backend_settings_to_the_backends():
     assert rt.backend.settings is knobs and (rt.backend.ctas, rt.backend.timeout_ms) == (4, 300.0)
     assert rt.stock.settings is knobs
     sdma = overlap.build(single_world(), OverlapSettings(True, "sdma_wht6", 1, 2, knobs)).backend
-    assert sdma.schedule == "oneshot" and sdma.settings.spin_timeout_ms == 300.0
+    assert sdma.schedule == knobs.sdma_schedule and sdma.settings.spin_timeout_ms == 300.0
