@@ -200,7 +200,8 @@ def test_an_empty_bool_is_off():
 
 def test_backends_that_wait_on_peers_say_so():
     waiting = [n for n in backends.names() if backends.get(n).waits_on_peers]
-    assert waiting == ["sdma", "sdma_wht6", "oneshot_wht6"]
+    # as a set: registration order follows import order, which other test files change
+    assert set(waiting) == {"sdma", "sdma_wht6", "oneshot_wht6"}
 
 
 def test_the_runtime_hands_its_backend_settings_to_the_backends():
