@@ -164,6 +164,11 @@ class Backend(abc.ABC):
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
         """Bytes this rank sends per call of ``numel`` values of ``elem_size`` bytes."""
 
+    def call_schedule(self, rows: int, cols: int, dtype: torch.dtype) -> str | None:
+        """The schedule a call on a ``rows x cols`` slice of ``dtype`` runs (``auto``
+        resolved), for reports; None for a backend with one way of doing a call."""
+        return None
+
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         """Collective. Grow peer-visible buffers to hold ``max_rows x cols``; refuses in capture."""
 

@@ -60,6 +60,9 @@ class SdmaBackend(TransportBackend):
         return (auto_schedule(nbytes, self.world.size) if self.schedule == "auto"
                 else self.schedule)
 
+    def call_schedule(self, rows: int, cols: int, dtype: torch.dtype) -> str | None:
+        return self.schedule_for(rows * cols * dtype.itemsize) if self.world.size > 1 else None
+
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
         return schedule_wire_bytes(self.schedule, numel * elem_size, world_size)
 

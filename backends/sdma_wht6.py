@@ -111,6 +111,10 @@ class SdmaWht6Backend(TransportBackend):
         return (auto_schedule_wht6(payload_bytes, self.world.size) if self.schedule == "auto"
                 else self.schedule)
 
+    def call_schedule(self, rows: int, cols: int, dtype: torch.dtype) -> str | None:
+        return (self.schedule_for(wht6.payload_bytes(rows * cols)) if self.world.size > 1
+                else None)
+
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
         """Bytes THIS rank pulls per call of ``numel`` values, whatever their dtype.
         Two-shot shards by rows of ``cols`` (the last ``ensure_capacity``'s), so its

@@ -117,6 +117,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     record.update(gpu_timing.contention_record(gpu_timing.contention_times(
         gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup), times["gemm"]))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
+    record["schedule"] = backend.call_schedule(-(-case.rows // case.slices), case.cols, y.dtype)
     # A fresh world: the probe's pinned buffers go with it, not with the backends' group.
     gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"], slices,
                         case.reps, case.warmup)

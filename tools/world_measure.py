@@ -139,6 +139,8 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
         "wire_bytes": backend.wire_bytes(case.rows * case.cols, world.size, out.element_size()),
         "emulated": world.emulated, "uses_cus_while_waiting": backend.uses_compute_units_while_waiting,
     }
+    record["schedule"] = backend.call_schedule(-(-case.rows // record["slices"]), case.cols,
+                                               out.dtype)
     record["correct"] = bool(rel <= backend.rel_rms_bound and record["identical_on_ranks"])
     if not record["correct"]:
         return record  # a wrong backend is reported as wrong, not timed
