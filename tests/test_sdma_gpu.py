@@ -25,20 +25,6 @@ DEV = torch.device("cuda", 0)
 DT = torch.bfloat16
 
 
-@pytest.fixture
-def release():
-    """Backends appended here get every flag raised after the test, so that a failed test
-    never leaves a stream blocked on a wait-value (the process could not exit)."""
-    made = []
-    yield made
-    for be in made:
-        if be.signals is not None:
-            be.signals.release()
-            for p in range(be.world.size):
-                be.signals.set_passive(p)
-    torch.cuda.synchronize()
-
-
 def _shapes(seed, count):
     plan = random.Random(seed)
     fixed = [(1, 8), (5, 24), (64, 520), (300, 1024)]

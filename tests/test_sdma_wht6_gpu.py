@@ -27,20 +27,6 @@ DEV = torch.device("cuda", 0)
 DT = torch.bfloat16
 
 
-@pytest.fixture
-def release():
-    """Backends appended here get every flag raised after the test, so that a failed test
-    never leaves a stream blocked on a wait-value (the process could not exit)."""
-    made = []
-    yield made
-    for be in made:
-        if be.signals is not None:
-            be.signals.release()
-            for p in range(be.world.size):
-                be.signals.set_passive(p)
-    torch.cuda.synchronize()
-
-
 def codec_result(xs, schedule):
     """The GPU codec's composition for one slice (rows are independent in the format, so
     the whole slice at once equals the backend's shard-by-shard work)."""
