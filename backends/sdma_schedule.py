@@ -20,16 +20,13 @@
   re-encodes the reduced shard into ``red``; then pulls and decodes every peer's
   re-encoded shard. Pulls about 2(W-1)/W x payload bytes per rank, exactly
   :func:`wht6_twoshot_wire_bytes`; the result is quantized twice.
-- auto (:func:`auto_schedule_wht6`): one-shot when W <= 3 or the payload is under
-  1 MiB, else two-shot. At W = 2 both schedules pull the same bytes (one payload)
-  and one-shot quantizes once, so two-shot only loses. At W = 3 two-shot would save a
-  third of the bytes (4/3 payloads instead of 2) for a second quantization (the error
-  bound roughly doubles: ``backends.sdma_wht6``) and a second flag round trip; one-shot
-  is kept there (a judgement: no W = 3 run was measured). From W = 4 two-shot halves
-  the bytes or better: at M = 8192, cols = 5120 the payload is 8192 x 4000 B =
-  31.25 MiB, and at W = 4 one-shot pulls 3 x 31.25 = 93.8 MiB per rank, two-shot
-  2 x 3/4 x 31.25 = 46.9 MiB. Below 1 MiB of payload the threshold of sdma applies,
-  for the same reason (a DMA op's fixed dispatch cost; not measured for sdma_wht6).
+- auto (:func:`auto_schedule_wht6`): one-shot, always, by measurement. Two-shot pulls
+  fewer bytes from W = 3 on (at M = 8192, cols = 5120, W = 4: 46.9 MiB per rank against
+  93.8), and alone it is faster: one H200, 4 emulated ranks, the unsliced AR of
+  8192 x 5120 took 1.37 ms two-shot against 2.09 ms one-shot. But inside the pipelined
+  op (S = 4, 7.8 MiB of payload per slice) it cost 811 us per slice against 31 and ran
+  the op at 0.37x against 1.05x (tools/results/2026-12-03-h200-codec-variants/), so
+  auto does not take it until that per-slice cost is found; ``twoshot`` selects it.
 """
 
 from __future__ import annotations
@@ -37,8 +34,6 @@ from __future__ import annotations
 import math
 
 AUTO_TWOSHOT_MIN_BYTES = 1 << 20
-#: sdma_wht6's auto picks two-shot only from this world size on (module doc)
-WHT6_TWOSHOT_MIN_WORLD = 4
 # Two-shot shard bounds start on 16-byte boundaries: vectors for the reduce kernel, and
 # the codec kernels see the pointer alignment of every other call (Triton specializes on
 # it, and a first compile while a peer's stream waits can deadlock emulated ranks).
@@ -96,8 +91,7 @@ def schedule_wire_bytes(schedule: str, nbytes: int, world_size: int) -> int:
 def auto_schedule_wht6(payload_bytes: int, world_size: int) -> str:
     """The schedule ``auto`` picks for sdma_wht6 and a payload of ``payload_bytes``
     (rule and reasoning in the module doc)."""
-    return ("twoshot" if world_size >= WHT6_TWOSHOT_MIN_WORLD
-            and payload_bytes >= AUTO_TWOSHOT_MIN_BYTES else "oneshot")
+    return "oneshot"
 
 
 def row_shards(rows: int, world_size: int, row_bytes: int) -> list[int]:

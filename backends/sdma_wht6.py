@@ -54,7 +54,7 @@ Gaussian-like data). Let S be the exact sum, S1 = dq_sum(...) and S2 = q(S1):
   independent and add in quadrature. Measured with the CPU reference codec (1024 x 5120
   Gaussian bf16 per rank, W = 2, 4, 8): 0.021 one-shot, 0.0297 two-shot (1.41x).
 
-An instance's ``rel_rms_bound`` is its schedule's (``auto`` where it may pick two-shot:
+An instance's ``rel_rms_bound`` is its schedule's (``auto`` is one-shot today; were it to pick two-shot:
 the two-shot bound); the class attribute is the larger, true of every instance.
 """
 
@@ -67,7 +67,7 @@ from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
                                 current_stream_handle, refuse_growth_in_capture)
 from backends.registry import register
-from backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_schedule_wht6, row_shards,
+from backends.sdma_schedule import (auto_schedule_wht6, row_shards,
                                     wht6_twoshot_wire_bytes)
 from backends.trace import traced
 from backends.transport_backend import TransportBackend
@@ -99,8 +99,7 @@ class SdmaWht6Backend(TransportBackend):
         self._warm_dtypes: set[torch.dtype] = set()
 
     def may_use_twoshot(self) -> bool:
-        return self.schedule == "twoshot" or (self.schedule == "auto" and
-                                              self.world.size >= WHT6_TWOSHOT_MIN_WORLD)
+        return self.schedule == "twoshot"  # auto is one-shot (auto_schedule_wht6)
 
     @classmethod
     def unsupported_cols_reason(cls, cols: int) -> str | None:

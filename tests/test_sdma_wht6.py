@@ -56,12 +56,13 @@ def test_many_twoshot_calls_with_skewed_ranks_are_each_right(cpu_world):
         assert all(right), f"rank {rank} wrong at calls {[i for i, ok in enumerate(right) if not ok]}"
 
 
-def test_auto_takes_twoshot_at_four_ranks_for_a_payload_of_a_mib(cpu_world):
+def test_auto_is_oneshot_at_four_ranks_even_for_a_payload_of_a_mib(cpu_world):
+    # two-shot lost inside the pipelined op on the H200 (sdma_schedule's module doc)
     shapes = [(1312, 1024), (16, 1024)]  # 1312 x 800 B = 1.0 MiB of payload; 12.5 KiB
     assert 1312 * 800 >= AUTO_TWOSHOT_MIN_BYTES > 16 * 800
     results = cpu_world(4).run(jobs.exact_job, shapes, 1, 7, "auto")
-    check_exact([[r[0]] for r in results], shapes[:1], "twoshot", TWOSHOT_REL_RMS_BOUND)
-    check_exact([[r[1]] for r in results], shapes[1:], "oneshot", TWOSHOT_REL_RMS_BOUND)
+    check_exact([[r[0]] for r in results], shapes[:1], "oneshot", ONESHOT_REL_RMS_BOUND)
+    check_exact([[r[1]] for r in results], shapes[1:], "oneshot", ONESHOT_REL_RMS_BOUND)
 
 
 @pytest.mark.parametrize("size,schedule", [(2, "auto"), (3, "twoshot")])
@@ -102,9 +103,7 @@ def test_a_rank_failing_between_the_two_phases_raises_on_every_rank(cpu_world, f
 
 def test_auto_rule_and_row_shards():
     mib = AUTO_TWOSHOT_MIN_BYTES
-    assert [auto_schedule_wht6(1 << 30, w) for w in (1, 2, 3)] == ["oneshot"] * 3
-    assert auto_schedule_wht6(mib, 4) == auto_schedule_wht6(mib, 8) == "twoshot"
-    assert auto_schedule_wht6(mib - 1, 4) == "oneshot"
+    assert {auto_schedule_wht6(n, w) for n in (1, mib, 1 << 30) for w in (1, 2, 4, 8)} == {"oneshot"}
     # The docstring's example: M = 8192, cols = 5120, W = 4.
     payload = 8192 * 4000
     assert wht6.payload_shape(8192, 5120) == (8192, 4000)

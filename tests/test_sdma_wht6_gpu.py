@@ -36,7 +36,7 @@ def codec_result(xs, schedule):
 
 
 # (rows, cols): rows < W (empty shards), 768 columns (600-byte payload rows), the model's
-# 5120, and 2048 x 5120 (7.8 MiB of payload: auto takes two-shot at W = 4).
+# 5120, and 2048 x 5120 (7.8 MiB of payload; auto is one-shot: sdma_schedule).
 SHAPES = [(1, 256), (3, 768), (64, 512), (300, 768), (16, 5120), (2048, 5120)]
 
 
@@ -75,7 +75,7 @@ def test_emulated_ranks_codec_result_identical_and_wire_bytes(size, schedule, re
             assert world_jobs.rel_rms(out, exact) <= be.rel_rms_bound, (call, r)
             wire = sum(be.wire_bytes((b - a) * cols, size) for a, b in bounds)
             assert be.pulled_bytes - before[r] == wire, (call, r)
-    assert ran == ({"oneshot", "twoshot"} if schedule == "auto" else {schedule})
+    assert ran == ({"oneshot"} if schedule == "auto" else {schedule})
 
 
 def test_emulated_ranks_twoshot_through_the_op(release):

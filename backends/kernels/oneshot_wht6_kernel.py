@@ -210,13 +210,13 @@ def oneshot_wht6_kernel(
                 if rank == 0:
                     src = own_src
                 a0, a1, a2, a3, sbits = wht6_tile.load_dequantize(
-                    src, row, j, ok, subs_per_row, pay_row_bytes, levels)
+                    src, row, j, ok, subs_per_row, pay_row_bytes, levels, False)
                 for p in tl.static_range(1, W):
                     src = _nth(p, pub0, pub1, pub2, pub3, pub4, pub5, pub6, pub7) + region
                     if p == rank:
                         src = own_src
                     b0, b1, b2, b3, bits = wht6_tile.load_dequantize(
-                        src, row, j, ok, subs_per_row, pay_row_bytes, levels)
+                        src, row, j, ok, subs_per_row, pay_row_bytes, levels, False)
                     a0 += b0
                     a1 += b1
                     a2 += b2

@@ -37,7 +37,12 @@ sqrt_rn(u + 9/16) is computed, on NVIDIA, as the fast path of NVIDIA's own sqrt.
 without its branch to the slow path, which no input here takes.
 
 Decode: each value is levels[code] * s_g with levels = ``reference.signed_levels(
-HEADROOM)`` read from a 64-entry table (the reference's products, bit for bit), summed
+HEADROOM)`` (the reference's products, bit for bit): the 32 magnitudes are loaded once
+into registers and picked per value with ``tl.gather``, the sign bit is ORed in (a
+negative level is the exact negation of its magnitude). Gathering from registers
+instead of a global-memory table read per value made decode-accumulate W = 2/4/8
+0.73/0.66/0.62 of a D2D copy against 0.67/0.60/0.55 (one H200, 2026-12-03, bits
+unchanged; tools/results/2026-12-03-h200-codec-variants/), summed
 over payloads in order in fp32, then x = H32 acc * 8 rounded once to the output dtype.
 A sub-block whose block scale reaches 2**64 in any payload is rotated as acc * 2**-5
 and scaled back by 2**5 (exact: such values are normal numbers), so no partial sum
@@ -311,19 +316,32 @@ def store_payload(pay, row, j, ok, subs_per_row, pay_row_bytes, nib, high, rec):
 
 
 @triton.jit
-def _dequantize(nib, h16, sub_scale, levels):
+def _dequantize(nib, h16, sub_scale, levels, mags, GATHER: tl.constexpr):
     """The 8 codes of one nibble word nib [T] and their high bits h16 [T] -> [T, 8]
-    values levels[code] * s_g (levels: 64 fp32, the reference's products)."""
+    values levels[code] * s_g. GATHER: picked from mags ([32, 8], the 32 non-negative
+    levels in every column) and signed by code bit 5 (bit 2 col + 1 of h16); else read
+    from the 64-entry table ``levels`` in global memory."""
     col = tl.arange(0, 8)[None, :]
-    code = ((nib[:, None] >> (4 * col)) & 15) | (((h16 << 4)[:, None] >> (2 * col)) & 0x30)
-    return tl.load(levels + code) * sub_scale[:, None]
+    if GATHER:
+        q = ((nib[:, None] >> (4 * col)) & 15) | (((h16 << 4)[:, None] >> (2 * col)) & 0x10)
+        sign = (h16[:, None] << (30 - 2 * col)) & (-2147483648)
+        v = (tl.gather(mags, q, 0).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    else:
+        code = ((nib[:, None] >> (4 * col)) & 15) | (((h16 << 4)[:, None] >> (2 * col)) & 0x30)
+        v = tl.load(levels + code)
+    return v * sub_scale[:, None]
 
 
 @triton.jit
-def load_dequantize(pay, row, j, ok, subs_per_row, pay_row_bytes, levels):
+def load_dequantize(pay, row, j, ok, subs_per_row, pay_row_bytes, levels,
+                    GATHER: tl.constexpr = True):
     """One payload's tile -> its rotated values times HEADROOM as a0..a3 [T, 8] fp32
     (sum up to 8 of these with +=), and the bf16 bits of each sub-block's block scale
-    (int32 [T], for ``decode_tile``)."""
+    (int32 [T], for ``decode_tile``). ``levels``: ``wht6_launch.levels``' table.
+    ``GATHER``: its first 32 entries go to registers and each value picks from them
+    (faster at one warp per program; with 4 warps the gather crosses warps and the
+    variants bench measured it slower than the table: 0.33 against 0.53 of a copy at
+    (128, 4), W = 4, so the fused one-shot kernel reads the table)."""
     nib_ptrs, high_ptrs, rec_ptrs = _payload_ptrs(pay, row, j, subs_per_row, pay_row_bytes)
     nib = tl.load(nib_ptrs, mask=ok[:, None], other=0)
     high = tl.load(high_ptrs, mask=ok[:, None], other=0)
@@ -335,10 +353,13 @@ def load_dequantize(pay, row, j, ok, subs_per_row, pay_row_bytes, levels):
     n0, n2 = tl.split(words02)
     n1, n3 = tl.split(words13)
     h01, h23 = tl.split(high)  # the high bits of x0, x1 and of x2, x3
-    a0 = _dequantize(n0, h01, sub_scale, levels)
-    a1 = _dequantize(n1, h01 >> 16, sub_scale, levels)
-    a2 = _dequantize(n2, h23, sub_scale, levels)
-    a3 = _dequantize(n3, h23 >> 16, sub_scale, levels)
+    mags = levels  # unused without GATHER
+    if GATHER:
+        mags = tl.broadcast_to(tl.load(levels + tl.arange(0, 32))[:, None], (32, 8))
+    a0 = _dequantize(n0, h01, sub_scale, levels, mags, GATHER)
+    a1 = _dequantize(n1, h01 >> 16, sub_scale, levels, mags, GATHER)
+    a2 = _dequantize(n2, h23, sub_scale, levels, mags, GATHER)
+    a3 = _dequantize(n3, h23 >> 16, sub_scale, levels, mags, GATHER)
     return a0, a1, a2, a3, scale_bits
 
 
