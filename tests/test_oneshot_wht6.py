@@ -287,13 +287,10 @@ def test_emulated_ranks_through_the_op():
     size, rows, cols, k, seed = 2, 257, 1280, 512, 3
     ref = world_jobs.reference(seed, size, rows, cols, k)
     ranks = EmulatedRanks(size, DEV)
-    shards = [tuple(t.to(DEV) for t in world_jobs.shard(seed, r, rows, cols, k)) for r in range(size)]
+    shards = world_jobs.device_shards(seed, size, rows, cols, k, DEV)
     for s in (1, 2, 4):
         rts = [overlap.build(wd, OverlapSettings(True, "oneshot_wht6", 1, s)) for wd in ranks.worlds]
-        outs = ranks.each(lambda r: overlap.forward(rts[r], *shards[r], None, "bf16"))
-        for rt in rts:
-            rt.backend.check(10_000)
-        torch.cuda.synchronize(DEV)
+        outs = world_jobs.emulated_forward(ranks, rts, shards, 10_000)
         for r, out in enumerate(outs):
             assert world_jobs.rel_rms(out, ref) < BOUND, (s, r)
             assert torch.equal(jobs.bits(out.cpu()), jobs.bits(outs[0].cpu())), (s, r)

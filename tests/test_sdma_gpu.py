@@ -72,10 +72,7 @@ def test_emulated_ranks_through_the_op(size, schedule, release):
     rows, cols, k, seed = 257, 384, 512, 3
     ref = world_jobs.reference(seed, size, rows, cols, k)
     ranks = EmulatedRanks(size, DEV)
-    inputs = []
-    for r in range(size):
-        x, w = world_jobs.shard(seed, r, rows, cols, k)
-        inputs.append((x.to(DEV), w.to(DEV)))
+    inputs = world_jobs.device_shards(seed, size, rows, cols, k, DEV)
     for s in (1, 2, 3, 4, 7):
         settings = OverlapSettings(True, "sdma", 1, s, BackendSettings(sdma_schedule=schedule))
         rts = [overlap.build(wd, settings) for wd in ranks.worlds]
@@ -84,10 +81,7 @@ def test_emulated_ranks_through_the_op(size, schedule, release):
             release.append(rt.backend)
         ranks.prepare(lambda r: rts[r].backend.ensure_capacity(rows, cols, DT))
         for _ in range(2):
-            outs = ranks.each(lambda r: overlap.forward(rts[r], *inputs[r], None, "bf16"))
-            for rt in rts:
-                rt.backend.check(5000)
-            torch.cuda.synchronize()
+            outs = world_jobs.emulated_forward(ranks, rts, inputs, 5000)
             for r, out in enumerate(outs):
                 err = float((out.double().cpu() - ref).norm() / ref.norm())
                 assert err < 2 ** -7, (s, r, err)

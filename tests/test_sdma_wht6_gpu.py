@@ -82,10 +82,7 @@ def test_emulated_ranks_twoshot_through_the_op(release):
     rows, cols, k, seed, size = 257, 512, 512, 3, 4
     ref = world_jobs.reference(seed, size, rows, cols, k)
     ranks = EmulatedRanks(size, DEV)
-    inputs = []
-    for r in range(size):
-        x, w = world_jobs.shard(seed, r, rows, cols, k)
-        inputs.append((x.to(DEV), w.to(DEV)))
+    inputs = world_jobs.device_shards(seed, size, rows, cols, k, DEV)
     for s in (1, 3):
         settings = OverlapSettings(True, "sdma_wht6", 1, s,
                                    BackendSettings(sdma_schedule="twoshot"))
@@ -104,10 +101,7 @@ def test_emulated_ranks_twoshot_through_the_op(release):
 
         ranks.prepare(grow)
         for _ in range(2):
-            outs = ranks.each(lambda r: overlap.forward(rts[r], *inputs[r], None, "bf16"))
-            for rt in rts:
-                rt.backend.check(5000)
-            torch.cuda.synchronize()
+            outs = world_jobs.emulated_forward(ranks, rts, inputs, 5000)
             for r, out in enumerate(outs):
                 assert world_jobs.rel_rms(out, ref) <= rts[r].backend.rel_rms_bound, (s, r)
                 assert torch.equal(bits(out.cpu()), bits(outs[0].cpu())), (s, r)

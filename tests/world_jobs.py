@@ -24,6 +24,22 @@ def shard(seed: int, rank: int, rows: int, cols: int, k: int,
     return x, w
 
 
+def device_shards(seed: int, size: int, rows: int, cols: int, k: int,
+                  device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's ``shard`` (activation, weight) on ``device``."""
+    return [tuple(t.to(device) for t in shard(seed, r, rows, cols, k)) for r in range(size)]
+
+
+def emulated_forward(ranks, rts: list, shards: list, timeout_ms: float) -> list[torch.Tensor]:
+    """One op call per emulated rank (``harness.emulated.EmulatedRanks``), each backend
+    checked within ``timeout_ms``, the device synchronized; returns every rank's output."""
+    outs = ranks.each(lambda r: overlap.forward(rts[r], *shards[r], None, "bf16"))
+    for rt in rts:
+        rt.backend.check(timeout_ms)
+    torch.cuda.synchronize()
+    return outs
+
+
 def reference(seed: int, size: int, rows: int, cols: int, k: int) -> torch.Tensor:
     total = torch.zeros(rows, cols, dtype=torch.float64)
     for r in range(size):
