@@ -274,18 +274,13 @@ def test_encode_is_row_local_and_deterministic():
 @pytest.mark.parametrize("kind,target", [("gaussian", 1.0), ("outlier_channels", 0.5), ("student_t3", 1.0)])
 def test_error_vs_int6_baseline(kind, target):
     """Issue-3 targets: Gaussian <= 1.0x INT6, outlier channels <= 0.5x; Student-t is at
-    least better than INT6 here (its 0.5x target is the xfail below)."""
+    least better than INT6 here. Its 0.5x goal is not met (0.58x); tools/bench_codec.py
+    prints it as NOT met in every accuracy table."""
     x = make(kind, 128, 2048, seed=7).to(torch.bfloat16)
     exact = x.double()
     err = (wht6.decode(wht6.encode(x), x.shape, torch.float32).double() - exact).norm()
     err_int6 = (baseline_int6.round_trip(x).double() - exact).norm()
     assert err / err_int6 <= target
-
-
-@pytest.mark.xfail(strict=True, reason="issue-3 target Student-t <= 0.5x INT6 not met (0.58x): "
-                                        "see the format docstring in backends/wht6/__init__.py")
-def test_student_t_half_of_int6():
-    test_error_vs_int6_baseline("student_t3", 0.5)
 
 
 def test_int6_baseline_follows_its_format():

@@ -36,6 +36,10 @@ from backends import wht6  # noqa: E402
 from backends.wht6 import baseline_int6  # noqa: E402
 
 DISTS = ("gaussian", "student_t3", "outlier_channels", "outlier_tokens")
+#: The format's error targets, as a ratio of wht6's error to INT6's at the same bits. The
+#: table prints each with "met" or "NOT met", so an unmet goal (Student-t) stays visible in
+#: every run instead of living in a test that is expected to fail.
+RATIO_TARGETS = {"gaussian": 1.0, "outlier_channels": 0.5, "student_t3": 0.5}
 
 
 def make_inputs(dist: str, world: int, rows: int, cols: int, seed: int) -> list:
@@ -207,13 +211,18 @@ def print_best(rows: list) -> None:
 def accuracy_table(args, worlds: list, dists: list) -> list:
     print(f"wht6 vs INT6 | codec on {args.device} | {args.rows}x{args.cols} bf16 per rank | "
           f"bits/value: wht6 {wht6.bits_per_value(args.cols):.3f}, int6 {baseline_int6.bits_per_value():.3f}")
-    print(f"{'distribution':18s} {'W':>2s} {'wht6 err':>10s} {'int6 err':>10s} {'ratio':>6s} {'bf16 floor':>10s}")
+    print(f"{'distribution':18s} {'W':>2s} {'wht6 err':>10s} {'int6 err':>10s} {'ratio':>6s} "
+          f"{'bf16 floor':>10s}  target")
     rows_out = []
     for dist in dists:
         for w in worlds:
             r = accuracy(dist, w, args.rows, args.cols, args.seed, args.device)
             rows_out.append(r)
-            print(f"{dist:18s} {w:2d} {r['wht6']:10.5f} {r['int6']:10.5f} {r['ratio']:6.3f} {r['bf16_floor']:10.5f}")
+            target = RATIO_TARGETS.get(dist)
+            r["target"] = target
+            verdict = "" if target is None else f"<= {target}: {'met' if r['ratio'] <= target else 'NOT met'}"
+            print(f"{dist:18s} {w:2d} {r['wht6']:10.5f} {r['int6']:10.5f} {r['ratio']:6.3f} "
+                  f"{r['bf16_floor']:10.5f}  {verdict}")
     return rows_out
 
 
