@@ -116,6 +116,10 @@ SPIN_TIMEOUT_MS_RANGE = (1.0, 600_000.0)
 #: on the H200), while oneshot_wht6 is meant to hold few compute units.
 MAX_OVERLAP_SLICES = 64
 MAX_ONESHOT_CTAS = 1024
+#: RADIANCE_AR_SDMA_REDUCE_CTAS: 0 means two per SM (264 on the H200: a 4-input reduce of a
+#: 20 MiB slice beside the 8192x4352x5120 GEMM cost it 1.05x there, 8-66 CTAs 1.11-1.14x,
+#: as the slower reduce spans the whole GEMM); the same sanity bound as MAX_ONESHOT_CTAS.
+MAX_REDUCE_CTAS = 1024
 #: the transfer schedules of the copy-engine backends (backends/sdma.py, sdma_wht6.py)
 SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
 
@@ -137,6 +141,8 @@ KNOBS: dict[str, Knob] = {
         Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", "1000", _float_in(*SPIN_TIMEOUT_MS_RANGE),
              "longest wait, in ms (1 to 600000), for a peer's flag before a backend reports "
              "the peer missing; an unbounded spin can wedge an RDNA compute queue"),
+        Knob("RADIANCE_AR_SDMA_REDUCE_CTAS", "0", _int_in(0, MAX_REDUCE_CTAS),
+             "CTAs of the sdma reduce kernel (0 to 1024); 0 = two per SM, the default"),
         Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice(*SDMA_SCHEDULES),
              "transfer schedule of sdma and sdma_wht6; auto picks by message size and world "
              "size"),
@@ -181,12 +187,15 @@ class BackendSettings:
     sdma_schedule: str = _default("RADIANCE_AR_SDMA_SCHEDULE")
     #: RADIANCE_AR_ONESHOT_CTAS: CTAs the oneshot_wht6 kernel holds
     oneshot_ctas: int = _default("RADIANCE_AR_ONESHOT_CTAS")
+    #: RADIANCE_AR_SDMA_REDUCE_CTAS: CTAs of the sdma reduce kernel, 0 = two per SM
+    sdma_reduce_ctas: int = _default("RADIANCE_AR_SDMA_REDUCE_CTAS")
 
     #: field -> the knob it comes from
     KNOB_OF: ClassVar[dict[str, str]] = {
         "spin_timeout_ms": "RADIANCE_AR_SPIN_TIMEOUT_MS",
         "sdma_schedule": "RADIANCE_AR_SDMA_SCHEDULE",
         "oneshot_ctas": "RADIANCE_AR_ONESHOT_CTAS",
+        "sdma_reduce_ctas": "RADIANCE_AR_SDMA_REDUCE_CTAS",
     }
 
     def __post_init__(self) -> None:
@@ -200,6 +209,9 @@ class BackendSettings:
         c = self.oneshot_ctas
         if not (isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_ONESHOT_CTAS):
             self._refuse("oneshot_ctas", f"an integer {_range_text(1, MAX_ONESHOT_CTAS)}")
+        r = self.sdma_reduce_ctas
+        if not (isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_REDUCE_CTAS):
+            self._refuse("sdma_reduce_ctas", f"an integer {_range_text(0, MAX_REDUCE_CTAS)}")
 
     def _refuse(self, field: str, expected: str) -> None:
         raise ValueError(f"BackendSettings: {field}={getattr(self, field)!r} "

@@ -202,5 +202,7 @@ class SdmaBackend(TransportBackend):
         from backends.kernels import reduce_sum as kernel
 
         with traced(self.transport.trace, stream, "reduce"):
-            (kernel.reduce_sum if out.is_cuda else kernel.reference_reduce_sum)(operands, out,
-                                                                               also)
+            if out.is_cuda:  # settings.sdma_reduce_ctas: 0 is the kernel's default
+                kernel.reduce_sum(operands, out, also, ctas=self.settings.sdma_reduce_ctas or None)
+            else:
+                kernel.reference_reduce_sum(operands, out, also)

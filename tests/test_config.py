@@ -14,6 +14,7 @@ BAD_VALUES = {
     "RADIANCE_AR_OVERLAP_MIN_M": ["0", "-5", "1.5", "abc", "", "1_0", "\u0661\u0660"],
     "RADIANCE_AR_OVERLAP_SLICES": ["0", "-1", "four", "2.0", "", "65", "+4"],
     "RADIANCE_AR_ONESHOT_CTAS": ["0", "x", "-3", "1025"],
+    "RADIANCE_AR_SDMA_REDUCE_CTAS": ["-1", "1025", "two", "1.0"],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": ["0", "-1", "nan", "inf", "soon", "1e300", "1e-9"],
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
 }
@@ -47,6 +48,7 @@ BAD_SETTINGS = {
     "spin_timeout_ms": [0, 0.5, 600_000.5, float("nan"), float("inf"), -1, True, "1000", None],
     "sdma_schedule": ["ring", "", " oneshot", None],
     "oneshot_ctas": [0, 1025, -1, 2.0, True, "32", None],
+    "sdma_reduce_ctas": [-1, 1025, 2.0, True, "0", None],
 }
 
 
@@ -113,6 +115,7 @@ INT_BOUNDS = [
     ("RADIANCE_AR_OVERLAP_MIN_M", 1, None, "an integer >= 1"),
     ("RADIANCE_AR_OVERLAP_SLICES", 1, 64, "an integer in [1, 64]"),
     ("RADIANCE_AR_ONESHOT_CTAS", 1, 1024, "an integer in [1, 1024]"),
+    ("RADIANCE_AR_SDMA_REDUCE_CTAS", 0, 1024, "an integer in [0, 1024]"),
 ]
 SPIN = "RADIANCE_AR_SPIN_TIMEOUT_MS"
 SPIN_RANGE = "a finite number in [1, 600000]"
@@ -180,6 +183,7 @@ PADDED = {
     "RADIANCE_AR_OVERLAP_MIN_M": [("\t16 ", 16)],
     "RADIANCE_AR_OVERLAP_SLICES": [(" 64\n", 64)],
     "RADIANCE_AR_ONESHOT_CTAS": [(" 36 ", 36)],
+    "RADIANCE_AR_SDMA_REDUCE_CTAS": [(" 264 ", 264)],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": [(" 2.5\n", 2.5)],
     "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
 }
