@@ -26,15 +26,19 @@ row i encodes output row i only, so a shard is a payload of its own)::
     stream r : fence | encode(slice) -> pub_r | ready_r = t          (as one-shot)
                | for p: wait ready_p == t, pull shard r of pub_p -> recv_p
                | decode_accumulate(shard r of pub_r, recv_p.. in rank order) -> out[shard r]
-               | encode(out[shard r]) -> red_r (emulated: -> red stage, D2H -> red_r on the
-                 lane) | reduced_r = t | decode(red_r) -> out[shard r]
-               | for p: wait reduced_p == t, pull red_p -> recv_p
-               | done_r = t | for p: decode(recv_p) -> out[shard p]
+               | encode(out[shard r]) -> G[shard r] | (emulated: D2H -> red_r on the lane)
+               | reduced_r = t | for p: wait reduced_p == t, pull shard p of red_p -> G[shard p]
+               | done_r = t | decode(G) -> out
 
-Rank r decodes its own re-encoded shard too, so out = decode(encode(sum)) holds the
-same bits on every rank. ``red`` holds a rank's shard from offset 0; it is written
-after the call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence
-orders each call after every peer's last pull, of either buffer, of the call before).
+G, the gathered payload, is ``red_r`` itself where it is this rank's memory (gpu-symm,
+CPU worlds) and its device stage in the emulated world: every shard sits at its own
+rows there, in ``red`` as in G, so ONE decode of all rows ends the call (3 + 1 codec
+launches whatever W; decoding shard by shard was 3 + W, and in the op each launch is
+host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
+take this rank's pulls. Rank r decodes its own re-encoded shard too, so out =
+decode(encode(sum)) holds the same bits on every rank. ``red`` is written after the
+call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence orders
+each call after every peer's last pull, of either buffer, of the call before).
 
 wire_bytes: one-shot (W-1) x payload bytes = (W-1) x numel x 25/32 (39% of sdma
 one-shot's); two-shot, per rank, (W-1) x its shard + the W-1 other shards, about
@@ -231,27 +235,19 @@ class SdmaWht6Backend(TransportBackend):
             shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
             with traced(tr.trace, stream, "decode_accumulate"):
                 wht6.decode_accumulate(shards, (hi - lo, cols), out.dtype, out=out[lo:hi])
-        # Re-encode the reduced shard (from out's dtype values) and publish it.
-        mine = tr.source("red")[:(hi - lo) * rb].view(hi - lo, rb)
+        # The gathered payload: every rank's re-encoded shard at its own rows, so one
+        # decode ends the call. Mine is encoded into it and published from it.
+        gathered = tr.source("red")[:rows * rb].view(rows, rb)
         if hi > lo:
             with traced(tr.trace, stream, "encode reduced"):
-                wht6.encode(out[lo:hi], out=mine)
-        tr.publish(t, "reduced", tr.red.local[:(hi - lo) * rb] if tr.emulated else None,
-                   mine.view(-1), stream)
-        self._decode(mine, out[lo:hi], r, stream)
-        # Compressed all-gather: every peer's re-encoded shard, decoded into its rows.
+                wht6.encode(out[lo:hi], out=gathered[lo:hi])
+        tr.publish(t, "reduced", tr.red.local[lo * rb:hi * rb] if tr.emulated else None,
+                   gathered[lo:hi].view(-1), stream)
+        # Compressed all-gather: every peer's re-encoded shard into its rows.
         for p in tr.peers:
             a, b = bounds[p], bounds[p + 1]
-            got[p] = tr.recv_slot(p, (b - a) * rb).view(b - a, rb)
-            tr.pull(p, "reduced", t, got[p], tr.red.peer(p)[:(b - a) * rb], stream, what)
+            tr.pull(p, "reduced", t, gathered[a:b].view(-1), tr.red.peer(p)[a * rb:b * rb],
+                    stream, what)
         self.signals.post("done", t, stream)
-        for p in tr.peers:
-            self._decode(got[p], out[bounds[p]:bounds[p + 1]], p, stream)
-
-    def _decode(self, payload: torch.Tensor, out: torch.Tensor, shard: int, stream: int) -> None:
-        """``out[...] = decode(payload)``: a decode-accumulate of one payload, the same
-        call for a shard on every rank (same shape, same bits)."""
-        if out.shape[0] == 0:
-            return
-        with traced(self.transport.trace, stream, "decode_accumulate reduced", shard):
-            wht6.decode_accumulate([payload], tuple(out.shape), out.dtype, out=out)
+        with traced(tr.trace, stream, "decode reduced"):
+            wht6.decode_accumulate([gathered], (rows, cols), out.dtype, out=out)
