@@ -20,13 +20,16 @@
   re-encodes the reduced shard into ``red``; then pulls and decodes every peer's
   re-encoded shard. Pulls about 2(W-1)/W x payload bytes per rank, exactly
   :func:`wht6_twoshot_wire_bytes`; the result is quantized twice.
-- auto (:func:`auto_schedule_wht6`): one-shot, always, by measurement. Two-shot pulls
-  fewer bytes from W = 3 on (at M = 8192, cols = 5120, W = 4: 46.9 MiB per rank against
-  93.8), and alone it is faster: one H200, 4 emulated ranks, the unsliced AR of
-  8192 x 5120 took 1.37 ms two-shot against 2.09 ms one-shot. But inside the pipelined
-  op (S = 4, 7.8 MiB of payload per slice) it cost 811 us per slice against 31 and ran
-  the op at 0.37x against 1.05x (tools/results/2026-12-03-h200-codec-variants/), so
-  auto does not take it until that per-slice cost is found; ``twoshot`` selects it.
+- auto (:func:`auto_schedule_wht6`): two-shot from W = 3 on for a payload of at least
+  ``AUTO_WHT6_TWOSHOT_MIN_BYTES`` per call, else one-shot: the crossover measured on one
+  H200 with 4 emulated ranks (tools/results/2026-12-03-h200-wht6-schedules/). There a
+  two-shot call costs the host about 1.1 ms whatever its size (four codec launches, two
+  flag rounds; one-shot about 0.25 ms), so it wins only where the halved bytes take
+  longer than that: a call of 8192 x 5120 (31.25 MiB of payload) ran in 1.49 ms against
+  2.08 ms one-shot, one of 4096 rows (15.6 MiB) tied (1.14 against 1.10 ms), one of 2048
+  rows (7.8 MiB) lost (1.11 against 0.63 ms). Inside the op the same holds per slice: at
+  M = 8192 the op ran 1.83 ms unsliced two-shot, 2.44 ms at S = 4 one-shot (its best),
+  and two-shot at S = 2 and 4 ran 2.83 and 4.11 ms.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from __future__ import annotations
 import math
 
 AUTO_TWOSHOT_MIN_BYTES = 1 << 20
+#: sdma_wht6 auto: two-shot from this many payload bytes per call (W >= 3), between the
+#: measured tie at 15.6 MiB and the win at 31.25 MiB (module doc)
+AUTO_WHT6_TWOSHOT_MIN_BYTES = 24 << 20
 # Two-shot shard bounds start on 16-byte boundaries: vectors for the reduce kernel, and
 # the codec kernels see the pointer alignment of every other call (Triton specializes on
 # it, and a first compile while a peer's stream waits can deadlock emulated ranks).
@@ -90,8 +96,9 @@ def schedule_wire_bytes(schedule: str, nbytes: int, world_size: int) -> int:
 
 def auto_schedule_wht6(payload_bytes: int, world_size: int) -> str:
     """The schedule ``auto`` picks for sdma_wht6 and a payload of ``payload_bytes``
-    (rule and reasoning in the module doc)."""
-    return "oneshot"
+    (rule and measurement in the module doc)."""
+    return ("twoshot" if world_size > 2 and payload_bytes >= AUTO_WHT6_TWOSHOT_MIN_BYTES
+            else "oneshot")
 
 
 def row_shards(rows: int, world_size: int, row_bytes: int) -> list[int]:

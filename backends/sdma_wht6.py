@@ -58,8 +58,9 @@ Gaussian-like data). Let S be the exact sum, S1 = dq_sum(...) and S2 = q(S1):
   independent and add in quadrature. Measured with the CPU reference codec (1024 x 5120
   Gaussian bf16 per rank, W = 2, 4, 8): 0.021 one-shot, 0.0297 two-shot (1.41x).
 
-An instance's ``rel_rms_bound`` is its schedule's (``auto`` is one-shot today; were it to pick two-shot:
-the two-shot bound); the class attribute is the larger, true of every instance.
+An instance's ``rel_rms_bound`` is the bound of every schedule it may run (``auto`` from
+W = 3 on: the two-shot bound, as it picks two-shot for large payloads); the class
+attribute is the larger, true of every instance.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class SdmaWht6Backend(TransportBackend):
         self._warm_dtypes: set[torch.dtype] = set()
 
     def may_use_twoshot(self) -> bool:
-        return self.schedule == "twoshot"  # auto is one-shot (auto_schedule_wht6)
+        # auto: two-shot from W = 3 on, for large payloads (auto_schedule_wht6)
+        return self.schedule == "twoshot" or (self.schedule == "auto" and self.world.size > 2)
 
     @classmethod
     def unsupported_cols_reason(cls, cols: int) -> str | None:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import overlap
 from oneshot_jobs import make_input  # codec-friendly inputs (row scales 2^-4..2^4)
+from backends import sdma_schedule
 from backends.envs import BackendSettings
 from backends.sdma_wht6 import SdmaWht6Backend
 from backends.wht6 import reference as codec
@@ -63,6 +64,13 @@ def exact_job(world: World, shapes: list, slices: int, seed: int, schedule: str)
                         "rel_rms": rel_rms(out, exact), "bound": be.rel_rms_bound})
     be.close()
     return results
+
+
+def auto_job(world: World, shapes: list, min_bytes: int) -> list:
+    """``exact_job`` of ``auto`` with the two-shot threshold of ``auto_schedule_wht6``
+    set to ``min_bytes`` in this rank's process."""
+    sdma_schedule.AUTO_WHT6_TWOSHOT_MIN_BYTES = min_bytes
+    return exact_job(world, shapes, 1, 7, "auto")
 
 
 def long_job(world: World, calls: int, seed: int, schedule: str) -> list:

@@ -8,7 +8,7 @@ import torch
 import sdma_wht6_jobs as jobs
 from backends import wht6
 from backends.envs import BackendSettings
-from backends.sdma_schedule import (AUTO_TWOSHOT_MIN_BYTES, auto_schedule_wht6, row_shards,
+from backends.sdma_schedule import (AUTO_WHT6_TWOSHOT_MIN_BYTES, auto_schedule_wht6, row_shards,
                                     wht6_twoshot_wire_bytes)
 from backends.sdma_wht6 import (ONESHOT_REL_RMS_BOUND, TWOSHOT_REL_RMS_BOUND,
                                 SdmaWht6Backend)
@@ -56,13 +56,15 @@ def test_many_twoshot_calls_with_skewed_ranks_are_each_right(cpu_world):
         assert all(right), f"rank {rank} wrong at calls {[i for i, ok in enumerate(right) if not ok]}"
 
 
-def test_auto_is_oneshot_at_four_ranks_even_for_a_payload_of_a_mib(cpu_world):
-    # two-shot lost inside the pipelined op on the H200 (sdma_schedule's module doc)
+def test_auto_picks_two_shot_for_large_payloads_at_four_ranks(cpu_world):
+    # The measured crossover is 24 MiB of payload (sdma_schedule); the job lowers it to
+    # 1 MiB so that CPU ranks can cross it.
     shapes = [(1312, 1024), (16, 1024)]  # 1312 x 800 B = 1.0 MiB of payload; 12.5 KiB
-    assert 1312 * 800 >= AUTO_TWOSHOT_MIN_BYTES > 16 * 800
-    results = cpu_world(4).run(jobs.exact_job, shapes, 1, 7, "auto")
-    check_exact([[r[0]] for r in results], shapes[:1], "oneshot", ONESHOT_REL_RMS_BOUND)
-    check_exact([[r[1]] for r in results], shapes[1:], "oneshot", ONESHOT_REL_RMS_BOUND)
+    assert 1312 * 800 >= 1 << 20 > 16 * 800
+    results = cpu_world(4).run(jobs.auto_job, shapes, 1 << 20)
+    # an auto instance at W >= 3 may run two-shot: its bound is two-shot's for every call
+    check_exact([[r[0]] for r in results], shapes[:1], "twoshot", TWOSHOT_REL_RMS_BOUND)
+    check_exact([[r[1]] for r in results], shapes[1:], "oneshot", TWOSHOT_REL_RMS_BOUND)
 
 
 @pytest.mark.parametrize("size,schedule", [(2, "auto"), (3, "twoshot")])
@@ -102,8 +104,13 @@ def test_a_rank_failing_between_the_two_phases_raises_on_every_rank(cpu_world, f
 
 
 def test_auto_rule_and_row_shards():
-    mib = AUTO_TWOSHOT_MIN_BYTES
-    assert {auto_schedule_wht6(n, w) for n in (1, mib, 1 << 30) for w in (1, 2, 4, 8)} == {"oneshot"}
+    big = AUTO_WHT6_TWOSHOT_MIN_BYTES
+    assert {auto_schedule_wht6(n, w) for n in (1, big - 1, big, 1 << 30) for w in (1, 2)} == {"oneshot"}
+    assert [auto_schedule_wht6(n, w) for n in (big - 1, big) for w in (3, 8)] == [
+        "oneshot", "oneshot", "twoshot", "twoshot"]
+    # measured: 8192 x 5120 (31.25 MiB of payload) two-shot, 4096 rows (15.6 MiB) one-shot
+    assert auto_schedule_wht6(8192 * 4000, 4) == "twoshot"
+    assert auto_schedule_wht6(4096 * 4000, 4) == "oneshot"
     # The docstring's example: M = 8192, cols = 5120, W = 4.
     payload = 8192 * 4000
     assert wht6.payload_shape(8192, 5120) == (8192, 4000)

@@ -36,7 +36,7 @@ def codec_result(xs, schedule):
 
 
 # (rows, cols): rows < W (empty shards), 768 columns (600-byte payload rows), the model's
-# 5120, and 2048 x 5120 (7.8 MiB of payload; auto is one-shot: sdma_schedule).
+# 5120, and 2048 x 5120 (7.8 MiB of payload: auto is one-shot below 24 MiB, sdma_schedule).
 SHAPES = [(1, 256), (3, 768), (64, 512), (300, 768), (16, 5120), (2048, 5120)]
 
 
