@@ -12,9 +12,12 @@ subprocess).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import torch
+
+from backends.kernels import launch_cache
 
 MAX_INPUTS = 8
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -32,6 +35,12 @@ def _kernels() -> tuple[Any, Any]:
     except ImportError as e:
         raise RuntimeError(f"reduce_sum on a GPU needs Triton: pip install triton ({e})") from None
     return k.reduce_sum_kernel, k.reduce_sum_kernel_generic
+
+
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    """Streaming multiprocessors of a CUDA device (looked up once per device)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _check(inputs: Sequence[torch.Tensor], out: torch.Tensor, also: torch.Tensor | None) -> None:
@@ -73,8 +82,7 @@ def reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
     if n == 0:
         return
     if ctas is None:
-        ctas = (2 * torch.cuda.get_device_properties(out.device).multi_processor_count
-                if out.is_cuda else 4)
+        ctas = 2 * _sm_count(out.device.index) if out.is_cuda else 4
     if not isinstance(ctas, int) or ctas < 1:
         raise ValueError(f"reduce_sum: ctas must be an int >= 1, got {ctas!r}")
     tensors = list(inputs) + [out] + ([also] if also is not None else [])
@@ -82,8 +90,9 @@ def reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
     kernel = _kernels()[0 if aligned else 1]
     grid = (min(ctas, -(-n // BLOCK)),)
     ptrs = list(inputs) + [inputs[0]] * (MAX_INPUTS - len(inputs))
-    kernel[grid](*ptrs, out, also if also is not None else out, n,
-                 W=len(inputs), HAS_ALSO=also is not None, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    launch_cache.cached(kernel)(grid, (*ptrs, out, also if also is not None else out, n),
+                                dict(W=len(inputs), HAS_ALSO=also is not None, BLOCK=BLOCK),
+                                dict(num_warps=NUM_WARPS))
 
 
 def warm_up(world_size: int, dtype: torch.dtype, device: torch.device,
