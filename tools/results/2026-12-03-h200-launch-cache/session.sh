@@ -22,7 +22,7 @@ for s in oneshot twoshot; do
         --out-dir /tmp/lc/wht6_$s > "$out/compare_wht6_$s.log" 2>&1
 done
 echo "compares done at ${SECONDS}s" > "$out/summary.log"
-for f in tests/test_wht6.py tests/test_sdma_gpu.py tests/test_sdma_wht6_gpu.py; do
+for f in tests/test_wht6.py tests/test_sdma_gpu.py tests/test_sdma_wht6_gpu.py tests/test_gpu_op.py; do
     timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" >> "$out/pytest.log" 2>&1
     echo "$f: $(tail -1 "$out/pytest.log") (${SECONDS}s)" >> "$out/summary.log"
 done
