@@ -16,6 +16,8 @@ class Compiled:
         self.log = log
 
     def __getitem__(self, grid):
+        # as Triton's CompiledKernel.__getitem__ runner, which reads grid[0], [1] and [2]
+        assert len(grid) == 3, grid
         return lambda *args: self.log.append(("direct", grid, args))
 
 
@@ -39,7 +41,7 @@ def test_second_launch_of_a_variant_is_direct_with_constexprs_in_order():
     launch((4,), (x, 32), {"T": 8, "FLAG": True}, {"num_warps": 1})
     launch((5,), (x, 48), {"T": 8, "FLAG": True}, {"num_warps": 1})
     assert jit.log[0] == ("jit", (4,), (x, 32), {"T": 8, "FLAG": True, "num_warps": 1})
-    assert jit.log[1] == ("direct", (5,), (x, 48, 8, True))
+    assert jit.log[1] == ("direct", (5, 1, 1), (x, 48, 8, True))
 
 
 @pytest.mark.parametrize("change", ["misaligned", "int_one", "not_16", "dtype", "constexpr",

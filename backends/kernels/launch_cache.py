@@ -67,7 +67,7 @@ class CachedLaunch:
         hit = self._compiled.get(key)
         if hit is not None:
             compiled, tail = hit
-            compiled[grid](*args, *tail)
+            compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)  # takes 3 dimensions
             return
         compiled = self.kernel[grid](*args, **constexprs, **options)
         names = getattr(self.kernel, "arg_names", None)
