@@ -48,7 +48,7 @@ _levels: dict = {}
 
 def encode_shape(dtype: torch.dtype) -> tuple:
     """(T, num_warps) for encoding ``dtype`` values."""
-    return ENCODE[torch.empty((), dtype=dtype).element_size()]
+    return ENCODE[dtype.itemsize]
 
 
 def decode_shape(n_payloads: int) -> tuple:
