@@ -17,8 +17,6 @@ from typing import Any, Sequence
 
 import torch
 
-from backends.kernels import launch_cache
-
 MAX_INPUTS = 8
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BLOCK = 2048  # elements per step: 256 threads (8 warps) x 8 bf16 = one 16-byte vector each
@@ -90,9 +88,8 @@ def reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
     kernel = _kernels()[0 if aligned else 1]
     grid = (min(ctas, -(-n // BLOCK)),)
     ptrs = list(inputs) + [inputs[0]] * (MAX_INPUTS - len(inputs))
-    launch_cache.cached(kernel)(grid, (*ptrs, out, also if also is not None else out, n),
-                                dict(W=len(inputs), HAS_ALSO=also is not None, BLOCK=BLOCK),
-                                dict(num_warps=NUM_WARPS))
+    kernel[grid](*ptrs, out, also if also is not None else out, n,
+                 W=len(inputs), HAS_ALSO=also is not None, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def warm_up(world_size: int, dtype: torch.dtype, device: torch.device,

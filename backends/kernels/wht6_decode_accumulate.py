@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.kernels import launch_cache, wht6_launch, wht6_tile
+from backends.kernels import wht6_launch, wht6_tile
 from backends.wht6 import reference
 
 MAX_PAYLOADS = 8  # 1 / reference.HEADROOM: the sum's fp32 headroom
@@ -88,9 +88,7 @@ def wht6_decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype,
     if n_sub == 0:
         return out
     padded = list(payloads) + [payloads[0]] * (MAX_PAYLOADS - len(payloads))
-    launch_cache.cached(wht6_decode_accumulate_kernel)(
-        (triton.cdiv(n_sub, t),),
-        (*padded, out, wht6_launch.levels(out.device), n_sub, cols // reference.SUB, out.stride(0),
-         pay_shape[1], len(payloads)),
-        dict(T=t), dict(num_warps=warps, enable_fp_fusion=False))
+    wht6_decode_accumulate_kernel[(triton.cdiv(n_sub, t),)](
+        *padded, out, wht6_launch.levels(out.device), n_sub, cols // reference.SUB, out.stride(0),
+        pay_shape[1], len(payloads), T=t, num_warps=warps, enable_fp_fusion=False)
     return out

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.kernels import launch_cache, wht6_launch, wht6_tile
+from backends.kernels import wht6_launch, wht6_tile
 from backends.wht6 import reference
 
 
@@ -60,8 +60,7 @@ def wht6_encode(x: torch.Tensor, out: torch.Tensor = None, shape: tuple = None) 
     t, warps = wht6_launch.encode_shape(x.dtype) if shape is None else wht6_launch.check_shape(shape)
     if n_sub == 0:
         return out
-    launch_cache.cached(wht6_encode_kernel)(
-        (triton.cdiv(n_sub, t),), (x, out, n_sub, cols // reference.SUB, x.stride(0), pay_shape[1]),
-        dict(T=t, NV_SQRT=wht6_launch.nv_sqrt(x.device)),
-        dict(num_warps=warps, enable_fp_fusion=False))
+    wht6_encode_kernel[(triton.cdiv(n_sub, t),)](
+        x, out, n_sub, cols // reference.SUB, x.stride(0), pay_shape[1],
+        T=t, NV_SQRT=wht6_launch.nv_sqrt(x.device), num_warps=warps, enable_fp_fusion=False)
     return out
