@@ -10,7 +10,11 @@
 - auto (:func:`auto_schedule`): one-shot when W <= 2 (both move the same bytes;
   one-shot has half the steps) or the slice is under 1 MiB (a DMA op has a fixed
   dispatch cost and reaches its full rate only from about 1 MiB per op:
-  docs/history.md), else two-shot (half the bytes at W = 4).
+  docs/history.md), else two-shot (half the bytes at W = 4). Measured against each
+  other on one H200, 4 emulated ranks (``diagnostics.host_cost``,
+  tools/results/2026-12-03-h200-host-steps/): a 10 MiB call took 427 us of device time
+  two-shot against 694 us one-shot, a 20 MiB one 726 against 1298 us; two-shot costs
+  the host more (283-286 us against 186-217 us) but stays under its device time.
 
 ``sdma_wht6`` (wht6 payloads, sharded by payload ROWS: :func:`row_shards`):
 
