@@ -157,12 +157,9 @@ def main() -> int:
             print(f"{name}: {report[name]}", flush=True)
         if name == "memops":
             print("memops:", report[name], flush=True)
-        if args.json:
+        if args.json:  # after every section: a later one that hangs keeps the earlier ones
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
     return 0
 
 
