@@ -24,9 +24,11 @@
   re-encodes the reduced shard into ``red``; then pulls and decodes every peer's
   re-encoded shard. Pulls about 2(W-1)/W x payload bytes per rank, exactly
   :func:`wht6_twoshot_wire_bytes`; the result is quantized twice.
-- auto (:func:`auto_schedule_wht6`): two-shot from W = 3 on for a payload of at least
-  ``AUTO_WHT6_TWOSHOT_MIN_BYTES`` per call, else one-shot: the crossover measured on one
-  H200 with 4 emulated ranks (tools/results/2026-12-03-h200-wht6-schedules/). There a
+- auto (:func:`auto_schedule_wht6`): two-shot from ``WHT6_TWOSHOT_MIN_WORLD`` = 4 ranks
+  on for a payload of at least ``AUTO_WHT6_TWOSHOT_MIN_BYTES`` per call, else one-shot.
+  At W = 2 both pull one payload and two-shot only adds a quantization; W = 3 was not
+  measured, so one-shot is kept there. The byte threshold is the crossover measured on
+  one H200 with 4 emulated ranks (tools/results/2026-12-03-h200-wht6-schedules/). There a
   two-shot call costs the host about 1.1 ms whatever its size (four codec launches, two
   flag rounds; one-shot about 0.25 ms), so it wins only where the halved bytes take
   longer than that: a call of 8192 x 5120 (31.25 MiB of payload) ran in 1.49 ms against
@@ -41,8 +43,10 @@ from __future__ import annotations
 import math
 
 AUTO_TWOSHOT_MIN_BYTES = 1 << 20
-#: sdma_wht6 auto: two-shot from this many payload bytes per call (W >= 3), between the
-#: measured tie at 15.6 MiB and the win at 31.25 MiB (module doc)
+#: sdma_wht6 auto: two-shot only from this world size on (module doc)
+WHT6_TWOSHOT_MIN_WORLD = 4
+#: sdma_wht6 auto: two-shot from this many payload bytes per call, between the measured
+#: tie at 15.6 MiB and the win at 31.25 MiB (W = 4; module doc)
 AUTO_WHT6_TWOSHOT_MIN_BYTES = 24 << 20
 # Two-shot shard bounds start on 16-byte boundaries: vectors for the reduce kernel, and
 # the codec kernels see the pointer alignment of every other call (Triton specializes on
@@ -101,8 +105,8 @@ def schedule_wire_bytes(schedule: str, nbytes: int, world_size: int) -> int:
 def auto_schedule_wht6(payload_bytes: int, world_size: int) -> str:
     """The schedule ``auto`` picks for sdma_wht6 and a payload of ``payload_bytes``
     (rule and measurement in the module doc)."""
-    return ("twoshot" if world_size > 2 and payload_bytes >= AUTO_WHT6_TWOSHOT_MIN_BYTES
-            else "oneshot")
+    return ("twoshot" if world_size >= WHT6_TWOSHOT_MIN_WORLD
+            and payload_bytes >= AUTO_WHT6_TWOSHOT_MIN_BYTES else "oneshot")
 
 
 def row_shards(rows: int, world_size: int, row_bytes: int) -> list[int]:

@@ -59,7 +59,7 @@ Gaussian-like data). Let S be the exact sum, S1 = dq_sum(...) and S2 = q(S1):
   Gaussian bf16 per rank, W = 2, 4, 8): 0.021 one-shot, 0.0297 two-shot (1.41x).
 
 An instance's ``rel_rms_bound`` is the bound of every schedule it may run (``auto`` from
-W = 3 on: the two-shot bound, as it picks two-shot for large payloads); the class
+W = 4 on: the two-shot bound, as it picks two-shot for large payloads); the class
 attribute is the larger, true of every instance.
 """
 
@@ -72,7 +72,7 @@ from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
                                 current_stream_handle, refuse_growth_in_capture)
 from backends.registry import register
-from backends.sdma_schedule import (auto_schedule_wht6, row_shards,
+from backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_schedule_wht6, row_shards,
                                     wht6_twoshot_wire_bytes)
 from backends.trace import traced
 from backends.transport_backend import TransportBackend
@@ -104,8 +104,9 @@ class SdmaWht6Backend(TransportBackend):
         self._warm_dtypes: set[torch.dtype] = set()
 
     def may_use_twoshot(self) -> bool:
-        # auto: two-shot from W = 3 on, for large payloads (auto_schedule_wht6)
-        return self.schedule == "twoshot" or (self.schedule == "auto" and self.world.size > 2)
+        # auto: two-shot for large payloads from WHT6_TWOSHOT_MIN_WORLD ranks on
+        return self.schedule == "twoshot" or (self.schedule == "auto" and
+                                              self.world.size >= WHT6_TWOSHOT_MIN_WORLD)
 
     @classmethod
     def unsupported_cols_reason(cls, cols: int) -> str | None:

@@ -62,7 +62,7 @@ def test_auto_picks_two_shot_for_large_payloads_at_four_ranks(cpu_world):
     shapes = [(1312, 1024), (16, 1024)]  # 1312 x 800 B = 1.0 MiB of payload; 12.5 KiB
     assert 1312 * 800 >= 1 << 20 > 16 * 800
     results = cpu_world(4).run(jobs.auto_job, shapes, 1 << 20)
-    # an auto instance at W >= 3 may run two-shot: its bound is two-shot's for every call
+    # an auto instance at W >= 4 may run two-shot: its bound is two-shot's for every call
     check_exact([[r[0]] for r in results], shapes[:1], "twoshot", TWOSHOT_REL_RMS_BOUND)
     check_exact([[r[1]] for r in results], shapes[1:], "oneshot", TWOSHOT_REL_RMS_BOUND)
 
@@ -105,8 +105,9 @@ def test_a_rank_failing_between_the_two_phases_raises_on_every_rank(cpu_world, f
 
 def test_auto_rule_and_row_shards():
     big = AUTO_WHT6_TWOSHOT_MIN_BYTES
-    assert {auto_schedule_wht6(n, w) for n in (1, big - 1, big, 1 << 30) for w in (1, 2)} == {"oneshot"}
-    assert [auto_schedule_wht6(n, w) for n in (big - 1, big) for w in (3, 8)] == [
+    assert {auto_schedule_wht6(n, w) for n in (1, big - 1, big, 1 << 30) for w in (1, 2, 3)} == {
+        "oneshot"}
+    assert [auto_schedule_wht6(n, w) for n in (big - 1, big) for w in (4, 8)] == [
         "oneshot", "oneshot", "twoshot", "twoshot"]
     # measured: 8192 x 5120 (31.25 MiB of payload) two-shot, 4096 rows (15.6 MiB) one-shot
     assert auto_schedule_wht6(8192 * 4000, 4) == "twoshot"
