@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import statistics
 import sys
@@ -33,6 +32,7 @@ import torch
 from backends.envs import BackendSettings
 from backends import registry
 from backends.world import emulated_worlds
+from diagnostics import write_json
 
 
 def host_and_device_us(backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
@@ -126,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if "profile" in rec:
             print("-- device drained before each call\n" + rec["profile"])
             print("-- calls back to back\n" + rec["profile_back_to_back"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+    write_json(args.json, records)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import statistics
 import sys
 import time
@@ -31,10 +30,10 @@ from typing import Callable
 import torch
 
 from backends import wht6
-from backends.copy_engine import (CopyEngine, cuda_copy, cuda_device_pointer, cuda_wait_value,
-                                  cuda_write_value)
+from backends.copy_engine import CopyEngine, cuda_copy, cuda_wait_value, cuda_write_value
 from backends.interface import current_stream_handle
 from backends.kernels import reduce_sum
+from diagnostics import write_json
 
 #: CUstreamWaitValue_flags / CUstreamWriteValue_flags values (cuda.h)
 CU_STREAM_WAIT_VALUE_GEQ = 0x0
@@ -86,8 +85,7 @@ def measure(calls: int) -> list[dict]:
     pinned = torch.zeros(1 << 20, dtype=torch.uint8, pin_memory=True)
     dev_buf = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
     src, dst = pinned[:4096], dev_buf[:4096]
-    flag = pinned[-64:].view(torch.int32)
-    flag_addr = cuda_device_pointer(pinned.data_ptr()) + pinned.numel() - 64
+    flag_addr = engine.device_address(pinned[-64:])
     raw = libcuda_calls()
     x = torch.randn(16, 5120, device=device).to(torch.bfloat16)
     payload = wht6.encode(x)
@@ -100,7 +98,7 @@ def measure(calls: int) -> list[dict]:
         torch.cuda.synchronize(device)
         rows.append({"step": step, "host_us": us})
 
-    flag.zero_()
+    pinned[-64:].zero_()
     row("cudaMemcpyAsync 4 KiB H2D (cuda-python)",
         lambda i: cuda_copy(dst.data_ptr(), src.data_ptr(), 4096, handle))
     row("cuMemcpyAsync 4 KiB H2D (ctypes)",
@@ -140,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(args.calls)
     for r in rows:
         print(f"{r['host_us']:8.2f} us  {r['step']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.json, rows)
     return 0
 
 

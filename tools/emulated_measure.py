@@ -28,12 +28,10 @@ import timeline
 from backends.envs import BackendSettings
 from backends.world import emulated_worlds
 from harness.emulated import EmulatedRanks
-from overlap import producers
 from overlap.config import OverlapSettings
 from overlap.op import forward
 from overlap.scratch import ScratchPool
-from overlap.slicing import slice_bounds
-from world_measure import Case, shard, time_calls
+from world_measure import Case, shard, slice_plan, slice_schedule, time_calls
 
 
 def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
@@ -48,7 +46,7 @@ def verify(case: Case, size: int, device: torch.device) -> dict:
     runtimes = [overlap.build(w, settings) for w in ranks.worlds]
     data = [producer_inputs.operands(case.producer, *shard(case, rank, device))
             for rank in range(size)]
-    bounds = slice_bounds(case.rows, case.slices, producers.get(case.producer).slice_row_align)
+    bounds = slice_plan(case, case.slices)
     ref = sum(producer_inputs.reference(ops) for ops in data)
 
     def grow(rank: int) -> None:
@@ -117,7 +115,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     record.update(gpu_timing.contention_record(gpu_timing.contention_times(
         gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup), times["gemm"]))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
-    record["schedule"] = backend.call_schedule(-(-case.rows // case.slices), case.cols, y.dtype)
+    record["schedule"] = slice_schedule(backend, case, case.slices, y.dtype)
     # A fresh world: the probe's pinned buffers go with it, not with the backends' group.
     gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"], slices,
                         case.reps, case.warmup)

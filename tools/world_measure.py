@@ -84,7 +84,7 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
     ``t_<key>_spread_ms`` / ``t_<key>_host_ms``; where the op slices, also
     ``ar_sliced``: the AR of the whole tensor called once per row slice, as the op calls
     it. Returns (the slices the op runs: S clamped to M rows, the medians by key)."""
-    bounds = slice_bounds(case.rows, case.slices, producers.get(case.producer).slice_row_align)
+    bounds = slice_plan(case, case.slices)
 
     def ar_sliced(i):
         for a, b in zip(bounds[:-1], bounds[1:]):
@@ -119,6 +119,18 @@ def measure(world: World, case: Case) -> dict:
         stock.close()
 
 
+def slice_plan(case: Case, slices: int) -> list[int]:
+    """The op's row bounds for ``case`` cut into ``slices`` (the producer's alignment)."""
+    return slice_bounds(case.rows, slices, producers.get(case.producer).slice_row_align)
+
+
+def slice_schedule(backend, case: Case, slices: int, dtype: torch.dtype) -> str | None:
+    """The schedule the op's largest slice runs (``Backend.call_schedule``)."""
+    bounds = slice_plan(case, slices)
+    rows = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    return backend.call_schedule(rows, case.cols, dtype)
+
+
 def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
              stock: overlap.OverlapRuntime) -> dict:
     x, w = shard(case, world.rank, world.device)
@@ -139,8 +151,7 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
         "wire_bytes": backend.wire_bytes(case.rows * case.cols, world.size, out.element_size()),
         "emulated": world.emulated, "uses_cus_while_waiting": backend.uses_compute_units_while_waiting,
     }
-    record["schedule"] = backend.call_schedule(-(-case.rows // record["slices"]), case.cols,
-                                               out.dtype)
+    record["schedule"] = slice_schedule(backend, case, record["slices"], out.dtype)
     record["correct"] = bool(rel <= backend.rel_rms_bound and record["identical_on_ranks"])
     if not record["correct"]:
         return record  # a wrong backend is reported as wrong, not timed
