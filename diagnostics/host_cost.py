@@ -15,6 +15,10 @@ passive peers (as the compare tool times it), per call of ``rows x cols`` bf16:
   progressed shows up only in the second, as a large own time.
 
     python -m diagnostics.host_cost --backend sdma --world 4 --rows 1024,2048 --calls 100
+
+``--op-slices S``: the same for one call of the whole op (``overlap.op.forward``, bf16
+GEMM of ``rows x --k`` by ``--k x cols``, S slices) instead of one bare all-reduce: what
+the host spends before the first slice's all-reduce is enqueued shows up there.
 """
 
 from __future__ import annotations
@@ -30,73 +34,96 @@ import time
 import torch
 
 from backends.envs import BackendSettings
-from backends import registry
 from backends.world import emulated_worlds
 from diagnostics import write_json
 
 
-def host_and_device_us(backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
-                       calls: int, warmup: int) -> tuple[float, float]:
-    """Median host enqueue time and median device time of one call, in microseconds."""
+def host_and_device_us(call, check, calls: int, warmup: int) -> tuple[float, float]:
+    """Median host enqueue time and median device time of one ``call()``, in
+    microseconds; ``check()`` ends the run (the backend's bounded wait)."""
     for _ in range(warmup):
-        backend.all_reduce(ar_in, ar_out)
+        call()
     torch.cuda.synchronize()
     host, device = [], []
     for _ in range(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         t0 = time.perf_counter()
-        backend.all_reduce(ar_in, ar_out)
+        call()
         host.append((time.perf_counter() - t0) * 1e6)
         end.record()
         end.synchronize()
         device.append(start.elapsed_time(end) * 1e3)
-    backend.check()
+    check()
     return statistics.median(host), statistics.median(device)
 
 
-def profile_calls(backend, ar_in: torch.Tensor, ar_out: torch.Tensor, calls: int,
-                  top: int, back_to_back: bool) -> str:
-    """cProfile of ``calls`` enqueues, top by own time: the device drained before each
+def profile_calls(call, check, calls: int, top: int, back_to_back: bool,
+                  sort: str = "tottime") -> str:
+    """cProfile of ``calls`` enqueues, top by ``sort``: the device drained before each
     call, or (``back_to_back``) all enqueued in one go."""
     prof = cProfile.Profile()
     for _ in range(calls):
         prof.enable()
-        backend.all_reduce(ar_in, ar_out)
+        call()
         prof.disable()
         if not back_to_back:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    backend.check()
+    check()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof, stream=text).sort_stats(sort).print_stats(top)
     return text.getvalue()
 
 
+def _all_reduce_call(backend, rows: int, cols: int, device: torch.device):
+    """One bare all-reduce of ``rows x cols`` bf16 (the backend's input view if it has one)."""
+    ar_in = (backend.acquire_input_view(rows, cols, torch.bfloat16)
+             if backend.peer_visible_input
+             else torch.randn(rows, cols, device=device).to(torch.bfloat16))
+    ar_in.normal_()
+    ar_out = torch.empty_like(ar_in)
+    return lambda: backend.all_reduce(ar_in, ar_out)
+
+
+def _op_call(rt, rows: int, cols: int, k: int, device: torch.device):
+    """One call of the op: a bf16 GEMM ``rows x k`` by ``k x cols`` and its all-reduce."""
+    from overlap.op import forward
+
+    x = torch.randn(rows, k, device=device).to(torch.bfloat16)
+    w = torch.randn(cols, k, device=device).to(torch.bfloat16)
+    return lambda: forward(rt, x, w, None, "bf16")
+
+
 def measure(name: str, size: int, rows: int, cols: int, calls: int, warmup: int,
-            profile: bool, top: int) -> dict:
+            profile: bool, top: int, op_slices: int = 0, k: int = 4352) -> dict:
+    """``op_slices`` 0: a bare all-reduce call; else one op call with that many slices."""
+    import overlap
+    from overlap.config import OverlapSettings
+
     device = torch.device("cuda", torch.cuda.current_device())
     world = emulated_worlds(size, device)[0]
-    backend = registry.get(name)(world, BackendSettings.from_env())
+    rt = overlap.build(world, OverlapSettings(True, name, 1, max(op_slices, 1),
+                                              BackendSettings.from_env()))
+    backend = rt.backend
     try:
         backend.ensure_capacity(rows, cols, torch.bfloat16)
         backend.fill_passive_peers()
-        ar_in = (backend.acquire_input_view(rows, cols, torch.bfloat16)
-                 if backend.peer_visible_input
-                 else torch.randn(rows, cols, device=device).to(torch.bfloat16))
-        ar_in.normal_()
-        ar_out = torch.empty_like(ar_in)
-        host, dev = host_and_device_us(backend, ar_in, ar_out, calls, warmup)
+        call = (_op_call(rt, rows, cols, k, device) if op_slices
+                else _all_reduce_call(backend, rows, cols, device))
+        host, dev = host_and_device_us(call, backend.check, calls, warmup)
         record = {"backend": name, "W": size, "rows": rows, "cols": cols,
-                  "mib": rows * cols * 2 / 2 ** 20, "host_us": host, "device_us": dev,
-                  "host_bound": host > dev}
+                  "op_slices": op_slices, "mib": rows * cols * 2 / 2 ** 20,
+                  "host_us": host, "device_us": dev, "host_bound": host > dev}
         if profile:
-            record["profile"] = profile_calls(backend, ar_in, ar_out, min(calls, 50), top, False)
-            record["profile_back_to_back"] = profile_calls(backend, ar_in, ar_out,
-                                                           min(calls, 20), top, True)
+            sort = "cumulative" if op_slices else "tottime"
+            record["profile"] = profile_calls(call, backend.check, min(calls, 50), top, False,
+                                              sort)
+            record["profile_back_to_back"] = profile_calls(call, backend.check, min(calls, 20),
+                                                           top, True, sort)
         return record
     finally:
-        backend.close()
+        rt.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10, help="untimed calls (default 10)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the calls")
     p.add_argument("--top", type=int, default=25, help="profile lines (default 25)")
+    p.add_argument("--op-slices", type=int, default=0, metavar="S",
+                   help="time one op call with S slices instead of a bare all-reduce")
+    p.add_argument("--k", type=int, default=4352, help="the op's GEMM inner dimension")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -118,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for rows in (int(r) for r in args.rows.split(",")):
         rec = measure(args.backend, args.world, rows, args.cols, args.calls, args.warmup,
-                      args.profile, args.top)
+                      args.profile, args.top, args.op_slices, args.k)
         records.append(rec)
-        print(f"{rec['backend']} W={rec['W']} {rows}x{args.cols} ({rec['mib']:.1f} MiB): "
+        what = f"op S={args.op_slices} " if args.op_slices else ""
+        print(f"{rec['backend']} {what}W={rec['W']} {rows}x{args.cols} ({rec['mib']:.1f} MiB): "
               f"host {rec['host_us']:.0f} us, device {rec['device_us']:.0f} us"
               f"{'  HOST-BOUND' if rec['host_bound'] else ''}")
         if "profile" in rec:
