@@ -14,7 +14,7 @@ ROCm (hip)        ``hipMemcpyAsync`` kind                 ``hipStreamWriteValue6
                   for same-device views of peer memory;
                   ``hipMemcpyPeerAsync`` across devices;
                   kind Default for host memory
-CPU               ``Tensor.copy_``                        (host spin: see backends.signals)
+CPU               ``memmove`` (shared-memory files)       (host spin: see backends.signals)
 ================  =====================================  ===================================
 
 Why these calls: a same-device D2D ``hipMemcpy`` is a blit kernel on CUs unless its kind
@@ -30,6 +30,7 @@ missing package raises :class:`BindingsMissing` naming the pip package to instal
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -195,13 +196,6 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
             int(hip.hipStreamWaitValueEq if equal else hip.hipStreamWaitValueGte), MASK64)
 
 
-# --------------------------------------------------------------------------- CPU
-
-def cpu_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """A plain copy (CPU worlds: shared-memory files; nothing to offload)."""
-    dst.copy_(src)
-
-
 # --------------------------------------------------------------------------- dispatch
 
 def bindings_reason(device: torch.device) -> str | None:
@@ -214,6 +208,44 @@ def bindings_reason(device: torch.device) -> str | None:
     except BindingsMissing as e:
         return str(e)
     return None
+
+
+@dataclass(frozen=True)
+class Route:
+    """How copies between two memories are enqueued, decided once per pair of buffers so
+    that a call's copies are plain address arithmetic (no tensor view per step).
+    ``kind``: ``cpu`` (memmove), ``cuda`` (cudaMemcpyAsync Default), ``hip-peer``
+    (hipMemcpyPeerAsync between ``dst_device`` and ``src_device``), ``hip-nocu`` (both
+    on this device) or ``hip-default`` (host memory involved)."""
+    kind: str
+    dst_device: int = -1
+    src_device: int = -1
+
+
+def route(dst: torch.Tensor, src: torch.Tensor) -> Route:
+    """The :class:`Route` of copies from ``src``'s memory into ``dst``'s (module doc's table)."""
+    plat = platform(dst.device if dst.is_cuda else src.device)
+    if plat in ("cpu", "cuda"):
+        return Route(plat)
+    if dst.is_cuda and src.is_cuda and dst.device != src.device:
+        return Route("hip-peer", dst.device.index, src.device.index)
+    # Both on this device (peer memory mapped here, e.g. symmetric memory's get_buffer
+    # views): NoCU, else the runtime runs a blit kernel on CUs. Host memory involved:
+    # Default, which ROCm runs on SDMA unless HSA_ENABLE_SDMA=0.
+    return Route("hip-nocu" if dst.is_cuda and src.is_cuda else "hip-default")
+
+
+def copy_bytes(dst_ptr: int, src_ptr: int, nbytes: int, stream: int, how: Route) -> None:
+    """Enqueue a copy of ``nbytes`` from ``src_ptr`` to ``dst_ptr`` on ``stream`` along
+    ``how`` (the callers own the bounds: addresses inside buffers they hold)."""
+    if how.kind == "cuda":
+        cuda_copy(dst_ptr, src_ptr, nbytes, stream)
+    elif how.kind == "cpu":
+        ctypes.memmove(dst_ptr, src_ptr, nbytes)
+    elif how.kind == "hip-peer":
+        hip_peer_copy(dst_ptr, how.dst_device, src_ptr, how.src_device, nbytes, stream)
+    else:
+        hip_copy(dst_ptr, src_ptr, nbytes, stream, no_cu=how.kind == "hip-nocu")
 
 
 def _byte_span(t: torch.Tensor, label: str) -> tuple[int, int]:
@@ -234,26 +266,25 @@ class CopyEngine:
         reason = bindings_reason(self.device)
         if reason is not None:
             raise BindingsMissing(reason)
+        self._streams: dict[int, torch.cuda.Stream] = {}
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> int:
         """Enqueue ``dst[:] = src`` (same byte count) on ``stream``; returns bytes moved."""
         (d_ptr, nbytes), (s_ptr, s_bytes) = _byte_span(dst, "dst"), _byte_span(src, "src")
         if nbytes != s_bytes:
             raise ValueError(f"copy: dst has {nbytes} B but src has {s_bytes} B")
-        if nbytes == 0:
-            return 0
-        if self.platform == "cpu":
-            cpu_copy(dst.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8))
-        elif self.platform == "cuda":
-            cuda_copy(d_ptr, s_ptr, nbytes, stream)
-        elif dst.is_cuda and src.is_cuda and dst.device != src.device:
-            hip_peer_copy(d_ptr, dst.device.index, s_ptr, src.device.index, nbytes, stream)
-        else:
-            # Both on this device (peer memory mapped here, e.g. symmetric memory's
-            # get_buffer views): NoCU, else the runtime runs a blit kernel on CUs.
-            # Host memory involved: Default, which ROCm runs on SDMA unless HSA_ENABLE_SDMA=0.
-            hip_copy(d_ptr, s_ptr, nbytes, stream, no_cu=dst.is_cuda and src.is_cuda)
+        if nbytes:
+            copy_bytes(d_ptr, s_ptr, nbytes, stream, route(dst, src))
         return nbytes
+
+    def stream(self, handle: int) -> torch.cuda.Stream:
+        """A torch stream object for a raw stream handle (GPU), made once per handle:
+        ``torch.cuda.current_stream`` builds a new object per call, a few microseconds
+        that a call of the transport paid at every event it recorded."""
+        found = self._streams.get(handle)
+        if found is None:
+            found = self._streams[handle] = torch.cuda.ExternalStream(handle, device=self.device)
+        return found
 
     def write_value(self, stream: int, addr: int, value: int) -> None:
         """Enqueue a flag write on ``stream`` (GPU only)."""

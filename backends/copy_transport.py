@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from backends import passive_peers
-from backends.copy_engine import CopyEngine, platform
+from backends.copy_engine import CopyEngine, Route, copy_bytes, platform, route
 from backends.gpu_signals import GpuSignals
 from backends.interface import current_stream_handle, grown_size, refuse_growth_in_capture
 from backends.peer_memory import PeerBuffer
@@ -94,6 +94,9 @@ class CopyTransport:
         self.red: PeerBuffer | None = None
         self._stage: dict[str, torch.Tensor] = {}  # emulated: device stages of pub / red
         self._recv: torch.Tensor | None = None  # W-1 private receive buffers
+        #: (buffer, peer) -> (address of the peer's buffer, route of a pull from it):
+        #: a call's pulls are address arithmetic, no tensor view per step (host time)
+        self._pull_from: dict[tuple[str, int], tuple[int, Route]] = {}
         self._pending: list[tuple[int, int, int]] = []  # (epoch, lo, hi) peers may still read
         #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
         self.pulled_bytes = 0
@@ -122,6 +125,10 @@ class CopyTransport:
                 self._stage["red"] = torch.empty(grown, dtype=torch.uint8, device=dev)
         if size > 1:
             self._recv = torch.empty((size - 1) * grown, dtype=torch.uint8, device=dev)
+            for name, buf in (("pub", self.pub), ("red", self.red)):
+                for p in self.peers if buf is not None else ():
+                    self._pull_from[name, p] = (buf.peer(p).data_ptr(),
+                                                route(self._recv, buf.peer(p)))
         self.capacity = grown
 
     def check_fits(self, nbytes: int) -> int:
@@ -149,6 +156,7 @@ class CopyTransport:
         """Drop every buffer (capacity 0)."""
         self.pub = self.red = self._recv = None
         self._stage.clear()
+        self._pull_from.clear()
         self.capacity = 0
 
     # ------------------------------------------------------------------ steps
@@ -183,17 +191,23 @@ class CopyTransport:
         if self.lane is None:
             publish(stream)
             return
-        with self.lane.publishing(0 if slot == "ready" else 1) as lane:
+        with self.lane.publishing(0 if slot == "ready" else 1, self.engine.stream(stream)) as lane:
             publish(lane)
 
-    def pull(self, peer: int, slot: str, t: int, dst: torch.Tensor, src: torch.Tensor,
+    def pull(self, peer: int, slot: str, t: int, dst_addr: int, src_off: int, nbytes: int,
              stream: int, what: str) -> None:
-        """Wait for ``peer``'s ``slot`` flag of call ``t``, then copy ``src`` (its memory)
-        into ``dst``: one step of every pull phase. ``what`` names the call in errors."""
+        """Wait for ``peer``'s ``slot`` flag of call ``t``, then copy bytes [src_off,
+        src_off + nbytes) of its buffer (``pub`` for ``ready``, ``red`` for ``reduced``)
+        to ``dst_addr`` (this rank's memory: a receive slot, ``out``, a stage): one step
+        of every pull phase. ``what`` names the call in errors."""
+        assert 0 <= src_off and src_off + nbytes <= self.capacity, (src_off, nbytes)
+        base, how = self._pull_from["red" if slot == "reduced" else "pub", peer]
         with traced(self.trace, stream, "wait", slot, peer):
             self.signals.wait(peer, slot, t, stream, what)
         with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
-            self.pulled_bytes += self.engine.copy(dst, src, stream)
+            if nbytes:
+                copy_bytes(dst_addr, base + src_off, nbytes, stream, how)
+        self.pulled_bytes += nbytes
 
     def pull_all(self, t: int, off: int, nbytes: int, stream: int,
                  what: str) -> dict[int, torch.Tensor]:
@@ -202,7 +216,7 @@ class CopyTransport:
         got = {}
         for p in self.peers:
             got[p] = self.recv_slot(p, nbytes)
-            self.pull(p, "ready", t, got[p], self.pub.peer(p)[off:off + nbytes], stream, what)
+            self.pull(p, "ready", t, got[p].data_ptr(), off, nbytes, stream, what)
         self.signals.post("done", t, stream)
         return got
 
@@ -211,7 +225,7 @@ class CopyTransport:
         keep them for the fence, join the publish lane, mark the call's end."""
         self._pending.append((t, off, off + nbytes))
         if self.lane is not None:
-            self.lane.join()
+            self.lane.join(self.engine.stream(stream))
         self.signals.end_call(stream)
 
     def quiesce(self) -> None:

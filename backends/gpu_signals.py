@@ -81,9 +81,7 @@ class GpuSignals(Signals):
         if len(self._events) < self.EVENT_RING:
             self._events.append(torch.cuda.Event())
         event = self._events[self.epoch % len(self._events)]
-        current = torch.cuda.current_stream(self.engine.device)
-        event.record(current if current.cuda_stream == stream
-                     else torch.cuda.ExternalStream(stream, device=self.engine.device))
+        event.record(self.engine.stream(stream))
         self._last_event = event
 
     def check(self, timeout_ms: float | None = None) -> None:

@@ -41,19 +41,18 @@ class PublishLane:
         return self.stream.cuda_stream
 
     @contextlib.contextmanager
-    def publishing(self, step: int) -> Iterator[int]:
-        """Run the enclosed publish (yields the lane's stream handle) after the caller's
-        work so far; ``step`` 0 is the input publish, 1 the reduced shard's."""
-        caller = torch.cuda.current_stream(self.device)
+    def publishing(self, step: int, caller: torch.cuda.Stream) -> Iterator[int]:
+        """Run the enclosed publish (yields the lane's stream handle) after the work so
+        far of the ``caller`` stream; ``step`` 0 is the input publish, 1 the reduced shard's."""
         event = self._to_lane[step]
         event.record(caller)
         self.stream.wait_event(event)
         yield self.handle
         self._used = True
 
-    def join(self) -> None:
-        """The caller's stream waits for every publish enqueued so far."""
+    def join(self, caller: torch.cuda.Stream) -> None:
+        """The ``caller`` stream waits for every publish enqueued so far."""
         if self._used:
             self._back.record(self.stream)
-            torch.cuda.current_stream(self.device).wait_event(self._back)
+            caller.wait_event(self._back)
             self._used = False

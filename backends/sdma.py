@@ -174,8 +174,7 @@ class SdmaBackend(TransportBackend):
         ops = {}
         for p in tr.peers:
             ops[p] = tr.recv_slot(p, (hi - lo) * e)
-            tr.pull(p, "ready", t, ops[p], tr.pub.peer(p)[off + lo * e:off + hi * e], stream,
-                    what)
+            tr.pull(p, "ready", t, ops[p].data_ptr(), off + lo * e, (hi - lo) * e, stream, what)
         flat = out.view(-1)
         mine = tr.red.local[off + lo * e:off + hi * e].view(out.dtype)
         operands = [local[lo:hi] if q == r else ops[q].view(out.dtype)
@@ -188,10 +187,10 @@ class SdmaBackend(TransportBackend):
             self._reduce(operands, flat[lo:hi], stream)
             # host copy / emulated D2H publish (peers' shards land in flat[a:b], disjoint)
             tr.publish(t, "reduced", mine, flat[lo:hi], stream)
+        out_addr = out.data_ptr()
         for p in tr.peers:
             a, b = bounds[p], bounds[p + 1]
-            tr.pull(p, "reduced", t, flat[a:b], tr.red.peer(p)[off + a * e:off + b * e], stream,
-                    what)
+            tr.pull(p, "reduced", t, out_addr + a * e, off + a * e, (b - a) * e, stream, what)
         self.signals.post("done", t, stream)
 
     def _reduce(self, operands: list[torch.Tensor], out: torch.Tensor, stream: int,

@@ -233,7 +233,7 @@ class SdmaWht6Backend(TransportBackend):
         got = {}
         for p in tr.peers:
             got[p] = tr.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb)
-            tr.pull(p, "ready", t, got[p], tr.pub.peer(p)[lo * rb:hi * rb], stream, what)
+            tr.pull(p, "ready", t, got[p].data_ptr(), lo * rb, (hi - lo) * rb, stream, what)
         if hi > lo:
             shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
             with traced(tr.trace, stream, "decode_accumulate"):
@@ -247,10 +247,10 @@ class SdmaWht6Backend(TransportBackend):
         tr.publish(t, "reduced", tr.red.local[lo * rb:hi * rb] if tr.emulated else None,
                    gathered[lo:hi].view(-1), stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.
+        gathered_addr = gathered.data_ptr()
         for p in tr.peers:
             a, b = bounds[p], bounds[p + 1]
-            tr.pull(p, "reduced", t, gathered[a:b].view(-1), tr.red.peer(p)[a * rb:b * rb],
-                    stream, what)
+            tr.pull(p, "reduced", t, gathered_addr + a * rb, a * rb, (b - a) * rb, stream, what)
         self.signals.post("done", t, stream)
         with traced(tr.trace, stream, "decode reduced"):
             wht6.decode_accumulate([gathered], (rows, cols), out.dtype, out=out)

@@ -99,6 +99,7 @@ class Signals(abc.ABC):
         self.vendor_calls = 0
         self.faults = FaultState(owner)
         self._sig: CallSignature | None = None  # the current call's signature
+        self._tag = 0  # the current call's flag value (:meth:`tag`)
         self._passive: set[int] = set()
         self._words = [flags.peer(r)[:FLAG_BYTES].view(torch.int64) for r in range(size)]
         self._host_visible = not flags.local.is_cuda
@@ -124,6 +125,7 @@ class Signals(abc.ABC):
                 raise error
         self.epoch += 1
         self._sig = sig
+        self._tag = self._make_tag(self.epoch, sig)  # every post/wait of the call uses it
         if self._host_visible:
             self._write_header(sig)
             self._np[self.rank][_HEADER["epoch"]] = self.epoch
@@ -177,7 +179,7 @@ class Signals(abc.ABC):
     def tag(self, epoch: int) -> int:
         """The flag value of step ``ready``/``reduced`` of the current call ``epoch``."""
         assert epoch == self.epoch and self._sig is not None, "post/wait outside its call"
-        return self._make_tag(epoch, self._sig)
+        return self._tag
 
     #: host spins read 64-bit tags (epoch and signature apart, for messages)
     _make_tag = staticmethod(host_tag)

@@ -221,6 +221,18 @@ def test_cpu_copy_counts_bytes():
         eng.copy(dst, torch.zeros(8, dtype=torch.uint8), 0)
 
 
+def test_copy_bytes_moves_exactly_the_addressed_span():
+    # The transport's pulls are address arithmetic on a route decided once per buffer pair.
+    src = torch.arange(64, dtype=torch.uint8)
+    dst = torch.full((64,), 255, dtype=torch.uint8)
+    how = copy_engine.route(dst, src)
+    assert how == copy_engine.Route("cpu")
+    copy_engine.copy_bytes(dst.data_ptr() + 8, src.data_ptr() + 20, 16, 0, how)
+    want = torch.full((64,), 255, dtype=torch.uint8)
+    want[8:24] = src[20:36]
+    assert torch.equal(dst, want)
+
+
 def test_resync_is_refused_in_a_gpu_symm_world():
     # Device-memory flags: a stream blocked on a missing peer cannot be released, so a
     # resync there would wait forever; every rank refuses alike (by world kind).

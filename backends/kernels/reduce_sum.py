@@ -45,16 +45,22 @@ def _check(inputs: Sequence[torch.Tensor], out: torch.Tensor, also: torch.Tensor
     if not isinstance(inputs, (list, tuple)) or not 1 <= len(inputs) <= MAX_INPUTS:
         raise ValueError(f"reduce_sum: inputs must be a list of 1..{MAX_INPUTS} tensors, got "
                          f"{type(inputs).__name__} of {len(inputs) if hasattr(inputs, '__len__') else '?'}")
-    for label, t in [(f"inputs[{i}]", x) for i, x in enumerate(inputs)] + [("out", out)] + (
-            [("also", also)] if also is not None else []):
+    # The labels are built only for an error: this check runs at every sdma call.
+    def label(i: int) -> str:
+        return f"inputs[{i}]" if i < len(inputs) else ("out", "also")[i - len(inputs)]
+
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"reduce_sum: out must be a torch.Tensor, got {type(out).__name__}")
+    n = out.numel()
+    for i, t in enumerate([*inputs, out] + ([also] if also is not None else [])):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"reduce_sum: {label} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"reduce_sum: {label(i)} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in DTYPES:
-            raise TypeError(f"reduce_sum: {label} dtype {t.dtype}, expected one of {DTYPES}")
+            raise TypeError(f"reduce_sum: {label(i)} dtype {t.dtype}, expected one of {DTYPES}")
         if not t.is_contiguous():
-            raise ValueError(f"reduce_sum: {label} must be contiguous")
-        if t.numel() != out.numel():
-            raise ValueError(f"reduce_sum: {label} has {t.numel()} elements, out has {out.numel()}")
+            raise ValueError(f"reduce_sum: {label(i)} must be contiguous")
+        if t.numel() != n:
+            raise ValueError(f"reduce_sum: {label(i)} has {t.numel()} elements, out has {n}")
 
 
 def reference_reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
