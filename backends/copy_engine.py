@@ -257,6 +257,10 @@ def _byte_span(t: torch.Tensor, label: str) -> tuple[int, int]:
     return t.data_ptr(), t.numel() * t.element_size()
 
 
+def _host_signals_only(*_args: Any) -> None:
+    raise TypeError("copy_engine: CPU worlds signal and wait on the host (backends.signals)")
+
+
 class CopyEngine:
     """Copies and stream memory operations for one device (see the module doc)."""
 
@@ -267,6 +271,10 @@ class CopyEngine:
         if reason is not None:
             raise BindingsMissing(reason)
         self._streams: dict[int, torch.cuda.Stream] = {}
+        #: ``write_value(stream, addr, value)``: enqueue a flag write (GPU only);
+        #: ``wait_value_geq`` / ``wait_value_eq(stream, addr, value)``: later work of the
+        #: stream waits until the flag reaches (cyclic GEQ) / equals ``value`` (GPU only)
+        self._bind_signal_ops()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> int:
         """Enqueue ``dst[:] = src`` (same byte count) on ``stream``; returns bytes moved."""
@@ -286,30 +294,19 @@ class CopyEngine:
             found = self._streams[handle] = torch.cuda.ExternalStream(handle, device=self.device)
         return found
 
-    def write_value(self, stream: int, addr: int, value: int) -> None:
-        """Enqueue a flag write on ``stream`` (GPU only)."""
+    # The stream memory operations are bound per platform at construction (below): a
+    # call makes about 25 of them, and a dispatch layer per step was host time.
+    def _bind_signal_ops(self) -> None:
         if self.platform == "cuda":
-            cuda_write_value(stream, addr, value)
+            self.write_value = cuda_write_value
+            self.wait_value_geq = functools.partial(cuda_wait_value, equal=False)
+            self.wait_value_eq = functools.partial(cuda_wait_value, equal=True)
         elif self.platform == "hip":
-            hip_write_value(stream, addr, value)
+            self.write_value = hip_write_value
+            self.wait_value_geq = functools.partial(hip_wait_value, equal=False)
+            self.wait_value_eq = functools.partial(hip_wait_value, equal=True)
         else:
-            raise TypeError("write_value: CPU worlds signal from the host (backends.signals)")
-
-    def wait_value_geq(self, stream: int, addr: int, value: int) -> None:
-        """Enqueue a wait on ``stream`` until the flag at ``addr`` reaches ``value`` (GPU only)."""
-        self._wait_value(stream, addr, value, equal=False)
-
-    def wait_value_eq(self, stream: int, addr: int, value: int) -> None:
-        """Enqueue a wait on ``stream`` until the flag at ``addr`` equals ``value`` (GPU only)."""
-        self._wait_value(stream, addr, value, equal=True)
-
-    def _wait_value(self, stream: int, addr: int, value: int, *, equal: bool) -> None:
-        if self.platform == "cuda":
-            cuda_wait_value(stream, addr, value, equal=equal)
-        elif self.platform == "hip":
-            hip_wait_value(stream, addr, value, equal=equal)
-        else:
-            raise TypeError("wait_value: CPU worlds wait on the host (backends.signals)")
+            self.write_value = self.wait_value_geq = self.wait_value_eq = _host_signals_only
 
     def device_address(self, t: torch.Tensor) -> int:
         """The address a stream operation on this device uses for ``t`` (pinned host too)."""

@@ -20,6 +20,11 @@ class Lanes:
         self.gpu = device.type == "cuda"
         self.side = torch.cuda.Stream(device) if self.gpu else None
         self._events: list[torch.cuda.Event] = []
+        #: the caller's stream of the current op call (``side_waits_for_caller`` reads it
+        #: once: ``torch.cuda.current_stream`` builds an object per call, and the
+        #: pipeline switches lanes at every slice)
+        self._caller: torch.cuda.Stream | None = None
+        self._same_device = True
 
     @property
     def side_handle(self) -> int:
@@ -27,16 +32,30 @@ class Lanes:
         return self.side.cuda_stream if self.side is not None else 0
 
     def side_waits_for_caller(self) -> None:
+        """Start of an op call: the side stream waits for the caller's work so far."""
         if self.side is not None:
-            self.side.wait_stream(torch.cuda.current_stream(self.device))
+            self._caller = torch.cuda.current_stream(self.device)
+            self.side.wait_stream(self._caller)
+            # set_stream also makes the stream's device current: switch that way only
+            # where it already is (else the full stream context, which restores it)
+            self._same_device = torch.cuda.current_device() == self.side.device.index
 
     @contextlib.contextmanager
     def on_side(self) -> Iterator[None]:
+        """Make the side stream current for the enclosed launches (after
+        ``side_waits_for_caller``), then the caller's stream again."""
         if self.side is None:
             yield
-        else:
+            return
+        if not self._same_device:
             with torch.cuda.stream(self.side):
                 yield
+            return
+        torch.cuda.set_stream(self.side)
+        try:
+            yield
+        finally:
+            torch.cuda.set_stream(self._caller)
 
     def mark_side(self, slot: int) -> None:
         """Record event ``slot`` on the side stream."""
@@ -49,4 +68,4 @@ class Lanes:
     def caller_waits(self, slot: int) -> None:
         """Make the caller's stream wait for the last record of event ``slot``."""
         if self.side is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._events[slot])
+            self._caller.wait_event(self._events[slot])
