@@ -96,7 +96,8 @@ def _op_call(rt, rows: int, cols: int, k: int, device: torch.device):
 
 
 def measure(name: str, size: int, rows: int, cols: int, calls: int, warmup: int,
-            profile: bool, top: int, op_slices: int = 0, k: int = 4352) -> dict:
+            profile: bool, top: int, op_slices: int = 0, k: int = 4352,
+            sort: str = "tottime") -> dict:
     """``op_slices`` 0: a bare all-reduce call; else one op call with that many slices."""
     import overlap
     from overlap.config import OverlapSettings
@@ -116,7 +117,6 @@ def measure(name: str, size: int, rows: int, cols: int, calls: int, warmup: int,
                   "op_slices": op_slices, "mib": rows * cols * 2 / 2 ** 20,
                   "host_us": host, "device_us": dev, "host_bound": host > dev}
         if profile:
-            sort = "cumulative" if op_slices else "tottime"
             record["profile"] = profile_calls(call, backend.check, min(calls, 50), top, False,
                                               sort)
             record["profile_back_to_back"] = profile_calls(call, backend.check, min(calls, 20),
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10, help="untimed calls (default 10)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the calls")
     p.add_argument("--top", type=int, default=25, help="profile lines (default 25)")
+    p.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
+                   help="profile order: own time (default) or cumulative")
     p.add_argument("--op-slices", type=int, default=0, metavar="S",
                    help="time one op call with S slices instead of a bare all-reduce")
     p.add_argument("--k", type=int, default=4352, help="the op's GEMM inner dimension")
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for rows in (int(r) for r in args.rows.split(",")):
         rec = measure(args.backend, args.world, rows, args.cols, args.calls, args.warmup,
-                      args.profile, args.top, args.op_slices, args.k)
+                      args.profile, args.top, args.op_slices, args.k, args.sort)
         records.append(rec)
         what = f"op S={args.op_slices} " if args.op_slices else ""
         print(f"{rec['backend']} {what}W={rec['W']} {rows}x{args.cols} ({rec['mib']:.1f} MiB): "
