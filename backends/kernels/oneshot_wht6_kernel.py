@@ -57,7 +57,7 @@ kernels do.
 import triton
 import triton.language as tl
 
-from backends.kernels import wht6_tile
+from backends.kernels import wht6_tile, wht6_tile_decode, wht6_tile_encode
 
 
 @triton.jit
@@ -161,7 +161,7 @@ def oneshot_wht6_kernel(
             # int32 indices: launch checks n_sub < 2**31; the helpers widen addresses
             row, j, ok = wht6_tile.tile_of(tile, T, n_sub, subs_per_row)
             x0, x1, x2, x3 = wht6_tile.load_values(x_ptr, row, j, ok, x_row_stride, cols, PADDED)
-            nib, high, rec = wht6_tile.encode_tile(x0, x1, x2, x3, T, NV_SQRT)
+            nib, high, rec = wht6_tile_encode.encode_tile(x0, x1, x2, x3, T, NV_SQRT)
             wht6_tile.store_payload(my_pub + region, row, j, ok, subs_per_row, pay_row_bytes,
                                     nib, high, rec)
             if OWN_COPY:
@@ -209,20 +209,20 @@ def oneshot_wht6_kernel(
                 src = pub0 + region
                 if rank == 0:
                     src = own_src
-                a0, a1, a2, a3, sbits = wht6_tile.load_dequantize(
+                a0, a1, a2, a3, sbits = wht6_tile_decode.load_dequantize(
                     src, row, j, ok, subs_per_row, pay_row_bytes, levels, False)
                 for p in tl.static_range(1, W):
                     src = _nth(p, pub0, pub1, pub2, pub3, pub4, pub5, pub6, pub7) + region
                     if p == rank:
                         src = own_src
-                    b0, b1, b2, b3, bits = wht6_tile.load_dequantize(
+                    b0, b1, b2, b3, bits = wht6_tile_decode.load_dequantize(
                         src, row, j, ok, subs_per_row, pay_row_bytes, levels, False)
                     a0 += b0
                     a1 += b1
                     a2 += b2
                     a3 += b3
                     sbits = tl.maximum(sbits, bits)
-                x0, x1, x2, x3 = wht6_tile.decode_tile(a0, a1, a2, a3, sbits,
+                x0, x1, x2, x3 = wht6_tile_decode.decode_tile(a0, a1, a2, a3, sbits,
                                                        out_ptr.dtype.element_ty, T)
                 wht6_tile.store_values(out_ptr, row, j, ok, out_row_stride, cols,
                                        x0, x1, x2, x3, PADDED)

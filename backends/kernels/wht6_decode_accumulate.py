@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.kernels import wht6_launch, wht6_tile
+from backends.kernels import wht6_launch, wht6_tile, wht6_tile_decode
 from backends.wht6 import reference
 
 MAX_PAYLOADS = 8  # 1 / reference.HEADROOM: the sum's fp32 headroom
@@ -47,18 +47,18 @@ def wht6_decode_accumulate_kernel(
     T: tl.constexpr,  # sub-blocks per program, a multiple of 32 * num_warps
 ):
     row, j, ok = wht6_tile.tile_of(tl.program_id(0), T, n_sub, subs_per_row)
-    a0, a1, a2, a3, sbits = wht6_tile.load_dequantize(p0, row, j, ok, subs_per_row, pay_row_bytes, levels)
+    a0, a1, a2, a3, sbits = wht6_tile_decode.load_dequantize(p0, row, j, ok, subs_per_row, pay_row_bytes, levels)
     # A run-time loop, not an unrolled one: unrolled, the compiler hoists all W
     # payloads' loads and the kernel runs out of registers.
     for w in range(1, n_payloads):
-        b0, b1, b2, b3, bits = wht6_tile.load_dequantize(
+        b0, b1, b2, b3, bits = wht6_tile_decode.load_dequantize(
             _nth(w, p1, p2, p3, p4, p5, p6, p7), row, j, ok, subs_per_row, pay_row_bytes, levels)
         a0 += b0
         a1 += b1
         a2 += b2
         a3 += b3
         sbits = tl.maximum(sbits, bits)
-    x0, x1, x2, x3 = wht6_tile.decode_tile(a0, a1, a2, a3, sbits, out_ptr.dtype.element_ty, T)
+    x0, x1, x2, x3 = wht6_tile_decode.decode_tile(a0, a1, a2, a3, sbits, out_ptr.dtype.element_ty, T)
     wht6_tile.store_values(out_ptr, row, j, ok, out_row_stride, 0, x0, x1, x2, x3, False)
 
 

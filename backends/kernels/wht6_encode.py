@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.kernels import wht6_launch, wht6_tile
+from backends.kernels import wht6_launch, wht6_tile, wht6_tile_encode
 from backends.wht6 import reference
 
 
@@ -32,10 +32,15 @@ def wht6_encode_kernel(
     pay_row_bytes,  # bytes of one payload row, 25 * cols / 32
     T: tl.constexpr,  # sub-blocks per program, a multiple of 32 * num_warps
     NV_SQRT: tl.constexpr,  # NVIDIA's sqrt fast path (wht6_tile): CUDA only
+    WORDS: tl.constexpr = False,  # bf16 x with 4-byte aligned rows: read as 32-bit words
 ):
     row, j, ok = wht6_tile.tile_of(tl.program_id(0), T, n_sub, subs_per_row)
-    x0, x1, x2, x3 = wht6_tile.load_values(x_ptr, row, j, ok, x_row_stride, 0, False)
-    nib, high, rec = wht6_tile.encode_tile(x0, x1, x2, x3, T, NV_SQRT)
+    if WORDS:
+        x0, x1, x2, x3, nz = wht6_tile.load_bf16_words(x_ptr, row, j, ok, x_row_stride)
+        nib, high, rec = wht6_tile_encode.encode_tile(x0, x1, x2, x3, T, NV_SQRT, nz)
+    else:
+        x0, x1, x2, x3 = wht6_tile.load_values(x_ptr, row, j, ok, x_row_stride, 0, False)
+        nib, high, rec = wht6_tile_encode.encode_tile(x0, x1, x2, x3, T, NV_SQRT)
     wht6_tile.store_payload(pay_ptr, row, j, ok, subs_per_row, pay_row_bytes, nib, high, rec)
 
 
@@ -62,5 +67,7 @@ def wht6_encode(x: torch.Tensor, out: torch.Tensor = None, shape: tuple = None) 
         return out
     wht6_encode_kernel[(triton.cdiv(n_sub, t),)](
         x, out, n_sub, cols // reference.SUB, x.stride(0), pay_shape[1],
-        T=t, NV_SQRT=wht6_launch.nv_sqrt(x.device), num_warps=warps, enable_fp_fusion=False)
+        T=t, NV_SQRT=wht6_launch.nv_sqrt(x.device),
+        WORDS=x.dtype == torch.bfloat16 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0,
+        num_warps=warps, enable_fp_fusion=False)
     return out
