@@ -28,7 +28,7 @@ for round in 1 2; do
 done
 run "$root" codec_sweep_after 90 python3 tools/bench_codec.py --device cuda --no-accuracy \
     --sweep --json "$logs/codec_sweep_after.json"
-for round in 1 2; do
+for round in 1; do
     for tree in before after; do
         dir=$root; [ $tree = before ] && dir=$root/.before
         run "$dir" "ar_${tree}_$round" 60 python3 -m diagnostics.host_cost --backend sdma \
