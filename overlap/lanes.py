@@ -21,10 +21,8 @@ class Lanes:
         self.side = torch.cuda.Stream(device) if self.gpu else None
         self._events: list[torch.cuda.Event] = []
         #: the caller's stream of the current op call (``side_waits_for_caller`` reads it
-        #: once: ``torch.cuda.current_stream`` builds an object per call, and the
-        #: pipeline switches lanes at every slice)
+        #: once: ``torch.cuda.current_stream`` builds an object per call)
         self._caller: torch.cuda.Stream | None = None
-        self._same_device = True
 
     @property
     def side_handle(self) -> int:
@@ -36,26 +34,14 @@ class Lanes:
         if self.side is not None:
             self._caller = torch.cuda.current_stream(self.device)
             self.side.wait_stream(self._caller)
-            # set_stream also makes the stream's device current: switch that way only
-            # where it already is (else the full stream context, which restores it)
-            self._same_device = torch.cuda.current_device() == self.side.device.index
 
     @contextlib.contextmanager
     def on_side(self) -> Iterator[None]:
-        """Make the side stream current for the enclosed launches (after
-        ``side_waits_for_caller``), then the caller's stream again."""
         if self.side is None:
             yield
-            return
-        if not self._same_device:
+        else:
             with torch.cuda.stream(self.side):
                 yield
-            return
-        torch.cuda.set_stream(self.side)
-        try:
-            yield
-        finally:
-            torch.cuda.set_stream(self._caller)
 
     def mark_side(self, slot: int) -> None:
         """Record event ``slot`` on the side stream."""

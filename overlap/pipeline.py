@@ -17,12 +17,13 @@ persistent buffers cross streams)::
   side-stream use of ``x``, the scales and ``y``: freeing per-call tensors is safe and no
   record-stream bookkeeping is needed. Nothing is allocated on ``side``.
 
-Host order: GEMM(0), GEMM(1), AR(0), GEMM(2), AR(1), ...: each GEMM is enqueued one
-slice ahead of the AR that overlaps it, not all of them first. Where enqueueing an AR
-takes the host longer than the device needs for a GEMM slice, enqueueing every GEMM
-first delayed AR(0) by S - 2 GEMM enqueues while the link sat idle (an H200 timeline of
-sdma, 4 emulated ranks: AR(0) started 0.96 ms into an op whose first GEMM took 0.34 ms;
-tools/results/2026-12-03-h200-op-host-cost/). The device order is the same either way.
+Host order: every GEMM slice is enqueued before the first AR. Interleaving them (each
+GEMM one slice ahead of its AR, so that AR(0) is not held back by S - 2 GEMM launches)
+was tried and reverted: in the emulated world (W ranks driven by one host thread) a GEMM
+launched after a rank's AR can be the first use of a kernel module, whose load waits for
+the device, while that rank's AR waits for a peer the host has not reached: the
+oneshot_wht6 op test then timed out on an H200 (tools/results/2026-12-03-h200-codec-host/),
+and the host-time gain itself was not measurable there.
 
 On the CPU the lanes are no-ops and the same code runs in program order.
 """
@@ -48,12 +49,10 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
         lanes.mark_side(s)
 
     lanes.side_waits_for_caller()
-    with lanes.on_side():
-        gemm(0)
+    with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
+        for s in range(slices):
+            gemm(s)
     for s in range(slices):
-        if s + 1 < slices:  # one slice ahead of the AR it overlaps (module doc)
-            with lanes.on_side():
-                gemm(s + 1)
         a, b = bounds[s], bounds[s + 1]
         lanes.caller_waits(s)
         backend.all_reduce(y[a:b], out[a:b])
