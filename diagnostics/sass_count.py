@@ -28,7 +28,8 @@ import tempfile
 KERNELS = {
     "encode": ("wht6_encode", "wht6_encode_kernel",
                {"x_ptr": "*bf16", "pay_ptr": "*u8", "n_sub": "i32", "subs_per_row": "i32",
-                "x_row_stride": "i32", "pay_row_bytes": "i32", "T": "constexpr",
+                "x_row_stride": "i32", "pay_row_bytes": "i32", "row_magic": "i32",
+                "row_shift": "i32", "T": "constexpr",
                 "NV_SQRT": "constexpr", "WORDS": "constexpr"},
                {"T": 32, "NV_SQRT": True, "WORDS": True}, 1, 32),
     "decode_accumulate": ("wht6_decode_accumulate", "wht6_decode_accumulate_kernel",

@@ -561,3 +561,25 @@ def test_gpu_public_api_dispatches_to_kernels():
     d = wht6.decode_accumulate([payload, payload], (128, 5120), torch.float32)
     assert d.is_cuda
     assert_decoded_agree(d, ref.decode_accumulate([payload.cpu()] * 2, (128, 5120), torch.float32), torch.float32)
+
+
+def test_row_divisor_is_an_exact_division_for_every_31_bit_dividend():
+    # The encode kernel finds a sub-block's row by multiply-high and shift instead of a
+    # division: checked here against // at the edges of every quotient and at random.
+    pytest.importorskip("triton")
+    from backends.kernels.wht6_tile import row_divisor
+
+    g = torch.Generator().manual_seed(0)
+    divisors = list(range(8, 4097, 8)) + [2**k for k in range(1, 31)] + [
+        int(d) for d in torch.randint(2, 2**31 - 1, (200,), generator=g)]
+    for d in divisors:
+        magic, shift = row_divisor(d)
+        m = magic & 0xFFFFFFFF
+        fs = [0, 1, d - 1, d, d + 1, 2**31 - 1, 2**31 - 2] + [
+            int(f) for f in torch.randint(0, 2**31 - 1, (64,), generator=g)]
+        fs += [q * d + r for q in (2**31 // d - 1, 2**31 // d) for r in (-1, 0, 1)
+               if 0 <= q * d + r < 2**31]
+        for f in fs:
+            assert ((f * m) >> 32) >> shift == f // d, (d, f)
+    with pytest.raises(ValueError, match="out of range"):
+        row_divisor(1)

@@ -30,13 +30,17 @@ def wht6_encode_kernel(
     subs_per_row,  # cols / 32
     x_row_stride,  # elements between consecutive rows of x
     pay_row_bytes,  # bytes of one payload row, 25 * cols / 32
+    row_magic,  # wht6_tile.row_divisor(subs_per_row): int32 bits of a uint32 multiplier
+    row_shift,  # and its shift
     T: tl.constexpr,  # sub-blocks per program, a multiple of 32 * num_warps
     NV_SQRT: tl.constexpr,  # NVIDIA's sqrt fast path (wht6_tile): CUDA only
     WORDS: tl.constexpr = False,  # bf16 x with 4-byte aligned rows: read as 32-bit words
 ):
-    row, j, ok = wht6_tile.tile_of(tl.program_id(0), T, n_sub, subs_per_row)
+    row, j, ok = wht6_tile.tile_of(tl.program_id(0), T, n_sub, subs_per_row, WORDS,
+                                   row_magic, row_shift)
     if WORDS:
-        x0, x1, x2, x3, nz = wht6_tile.load_bf16_words(x_ptr, row, j, ok, x_row_stride)
+        # Past the end (row, j) repeat the last sub-block: read unmasked, never stored.
+        x0, x1, x2, x3, nz = wht6_tile.load_bf16_words(x_ptr, row, j, None, x_row_stride)
         nib, high, rec = wht6_tile_encode.encode_tile(x0, x1, x2, x3, T, NV_SQRT, nz)
     else:
         x0, x1, x2, x3 = wht6_tile.load_values(x_ptr, row, j, ok, x_row_stride, 0, False)
@@ -67,6 +71,7 @@ def wht6_encode(x: torch.Tensor, out: torch.Tensor = None, shape: tuple = None) 
         return out
     wht6_encode_kernel[(triton.cdiv(n_sub, t),)](
         x, out, n_sub, cols // reference.SUB, x.stride(0), pay_shape[1],
+        *wht6_tile.row_divisor(cols // reference.SUB),
         T=t, NV_SQRT=wht6_launch.nv_sqrt(x.device),
         WORDS=x.dtype == torch.bfloat16 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0,
         num_warps=warps, enable_fp_fusion=False)

@@ -37,6 +37,8 @@ Helpers:
   per_sub, block_max, bit_or, sub_ratio: per-block reductions and the sub-scale ratio
   payload_ptrs, store_payload: where a tile's payload words lie, and their store
 """
+import functools
+
 import triton
 import triton.language as tl
 
@@ -46,13 +48,40 @@ INV63 = tl.constexpr(reference.INV63)  # rounded to fp32 where used, as in refer
 
 
 @triton.jit
-def tile_of(pid, T: tl.constexpr, n_sub, subs_per_row):
+def tile_of(pid, T: tl.constexpr, n_sub, subs_per_row, CLAMP: tl.constexpr = False,
+            row_magic=None, row_shift=None):
     """Row and in-row index j (int32) of the T sub-blocks of tile ``pid``, and which of
-    them exist (n_sub sub-blocks in all; callers check n_sub < 2**31)."""
+    them exist (n_sub sub-blocks in all; callers check n_sub < 2**31). ``CLAMP``: the
+    sub-blocks past the end get the last one's row and j (so that they can be read
+    without a mask; n_sub is a multiple of 8, so they fill whole blocks of their own).
+    ``row_magic``, ``row_shift``: ``row_divisor(subs_per_row)``, the division by
+    subs_per_row as a multiply-high and a shift."""
     f = pid * T + tl.arange(0, T)
-    # Unsigned (f, subs_per_row >= 0): a shorter division than the signed one.
-    row = (f.to(tl.uint32) // subs_per_row.to(tl.uint32)).to(tl.int32)
-    return row, f - row * subs_per_row, f < n_sub
+    ok = f < n_sub
+    if CLAMP:
+        f = tl.minimum(f, n_sub - 1)
+    if row_magic is None:
+        # Unsigned (f, subs_per_row >= 0): a shorter division than the signed one.
+        row = (f.to(tl.uint32) // subs_per_row.to(tl.uint32)).to(tl.int32)
+    else:
+        row = (tl.umulhi(f.to(tl.uint32), row_magic.to(tl.uint32, bitcast=True))
+               >> row_shift.to(tl.uint32)).to(tl.int32)
+    return row, f - row * subs_per_row, ok
+
+
+@functools.cache
+def row_divisor(d: int) -> tuple:
+    """(magic, shift) with f // d == umulhi(f, magic) >> shift for all 0 <= f < 2**31
+    (magic as the int32 of its uint32 bits), for 2 <= d < 2**31. Granlund-Montgomery
+    with 31-bit dividends: l = ceil(log2 d), m = floor(2**(31 + l) / d) + 1, so 2**(31+l)
+    < m d <= 2**(31+l) + 2**l, so floor(f m / 2**(31+l)) = floor(f / d) for f < 2**31;
+    and m < 2**32."""
+    if not 2 <= d < 2**31:
+        raise ValueError(f"divisor {d} out of range")
+    l = (d - 1).bit_length()
+    m = (1 << (31 + l)) // d + 1
+    assert 0 < m < 2**32 and l >= 1
+    return m - 2**32 if m >= 2**31 else m, l - 1
 
 
 @triton.jit
@@ -86,10 +115,16 @@ def load_bf16_words(base, row, j, ok, row_stride):
     not read: their lanes compute values that are never stored."""
     ptrs = ((base + row.to(tl.int64) * row_stride + j * 32).to(tl.pointer_type(tl.int32))[:, None]
             + tl.arange(0, 4)[None, :])
-    w0 = tl.load(ptrs, mask=ok[:, None])
-    w1 = tl.load(ptrs + 4, mask=ok[:, None])
-    w2 = tl.load(ptrs + 8, mask=ok[:, None])
-    w3 = tl.load(ptrs + 12, mask=ok[:, None])
+    if ok is None:  # every sub-block exists (``tile_of``'s CLAMP): no mask
+        w0 = tl.load(ptrs)
+        w1 = tl.load(ptrs + 4)
+        w2 = tl.load(ptrs + 8)
+        w3 = tl.load(ptrs + 12)
+    else:
+        w0 = tl.load(ptrs, mask=ok[:, None])
+        w1 = tl.load(ptrs + 4, mask=ok[:, None])
+        w2 = tl.load(ptrs + 8, mask=ok[:, None])
+        w3 = tl.load(ptrs + 12, mask=ok[:, None])
     nz = tl.reduce((w0 | w1) | (w2 | w3), 1, bit_or) & 0x7FFF7FFF
     return _bf16_pairs(w0), _bf16_pairs(w1), _bf16_pairs(w2), _bf16_pairs(w3), nz
 

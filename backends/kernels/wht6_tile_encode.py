@@ -98,8 +98,11 @@ def _signs(ya, yb, T: tl.constexpr):
 
 @triton.jit
 def _pack(code, T: tl.constexpr):
-    """8 codes per sub-block [T, 8] -> (nibble-plane word [T], their 16 high-plane bits
-    [T]). Bytes of 4 codes first (even and odd columns), then nibble and 2-bit fields."""
+    """8 codes per sub-block [T, 8] -> (nibble-plane word [T], their high bits [T]: code
+    bit 4 of codes 0-3 at bits 0, 2, 4, 6 and of codes 4-7 at bits 16, 18, 20, 22; the
+    other bits of bytes 0 and 2 are 0, bytes 1 and 3 are junk). Bytes of 4 codes first
+    (even and odd columns), then nibble and 2-bit fields (``_halves`` puts the two bytes
+    of high bits together)."""
     even, odd = tl.split(tl.reshape(code, (T, 4, 2)))
     at_byte = (8 * tl.arange(0, 4))[None, :]
     b_even = tl.sum(even << at_byte, axis=1)
@@ -107,7 +110,20 @@ def _pack(code, T: tl.constexpr):
     nib = (b_even & 0x0F0F0F0F) | ((b_odd & 0x0F0F0F0F) << 4)
     pairs = ((b_even >> 4) & 0x03030303) | ((b_odd >> 2) & 0x0C0C0C0C)  # codes 2k, 2k+1
     quads = pairs | (pairs >> 4)  # codes 4k..4k+3 in bits 0-7 and 16-23
-    return nib, (quads & 0xFF) | ((quads >> 8) & 0xFF00)
+    return nib, quads
+
+
+@triton.jit
+def _halves(qa, qb, NV: tl.constexpr):
+    """``_pack``'s high bits of two packs -> one high-plane word: bytes 0 and 2 of qa,
+    then bytes 0 and 2 of qb (on NVIDIA one byte permute; the same bits elsewhere)."""
+    if NV:
+        h = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6420;", "=r,r,r", [qa, qb],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        h = (qa & 0xFF) | ((qa >> 8) & 0xFF00)
+        h = h | (((qb & 0xFF) | ((qb >> 8) & 0xFF00)) << 16)
+    return h
 
 
 @triton.jit
@@ -158,8 +174,8 @@ def encode_tile(x0, x1, x2, x3, T: tl.constexpr, NV_SQRT: tl.constexpr, nz=None)
     # The sign bits (code bit 5 = high-plane bit 2k + 1) straight from y's bits (a -0.0
     # only occurs in an all-zero sub-block, which is cleared), ORed into the odd bits
     # (zero in h: _codes gives q <= 31 without the sign).
-    high = tl.join((h0 | (h1 << 16)) | (_signs(y0, y1, T) & SIGN_BITS),
-                   (h2 | (h3 << 16)) | (_signs(y2, y3, T) & SIGN_BITS))
+    high = tl.join(_halves(h0, h1, NV_SQRT) | (_signs(y0, y1, T) & SIGN_BITS),
+                   _halves(h2, h3, NV_SQRT) | (_signs(y2, y3, T) & SIGN_BITS))
     high = tl.where(clear, 0, high)
     # The record: c_g at bit 16 + 6g. Each half block's 4 codes first, as 24 bits (A of
     # g < 4, B of g >= 4; disjoint fields: the sums are ORs), then the high word
