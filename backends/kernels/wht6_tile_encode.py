@@ -11,12 +11,16 @@ sqrt_rn(u + 9/16) is computed, on NVIDIA, as the fast path of NVIDIA's own sqrt.
 (rsqrt.approx, then one fma correction; for inputs in [0.5625, 2] the IEEE result)
 without its branch to the slow path, which no input here takes.
 
-Fewer instructions, same bits (encode 28.2 -> 24.5 SASS instructions per value,
+Fewer instructions, same bits (encode 28.2 -> 23.4 SASS instructions per value,
 ``diagnostics.sass_count``): one integer max over each block's sub-block maxima replaces
 three reductions (non-zero, non-finite, block max); the sub-scale code comes from an
 estimate rounded to nearest and one exact upward fix-up (the estimate is within 1e-5 of
 the real root, so it is the answer or one below it); the record is built in two 32-bit
-halves; the sign bits go straight into the high plane (a funnel shift per value).
+halves; the sign bits go straight into the high plane (a funnel shift per value); the
+two halves of a high-plane word are merged by one byte permute on NVIDIA (``_halves``).
+The kernel (``wht6_encode``) adds: bf16 read as 32-bit words without masks (sub-blocks
+past the end are clamped to the last one and never stored) and the row of a sub-block by
+multiply-high and shift (``wht6_tile.row_divisor``).
 
 Helpers:
   encode_tile(x0..x3, T, NV_SQRT, nz=None) -> (nib [T, 4] i32, high [T, 2] i32, rec [T] i64)
