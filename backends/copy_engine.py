@@ -222,19 +222,6 @@ class Route:
     src_device: int = -1
 
 
-def route(dst: torch.Tensor, src: torch.Tensor) -> Route:
-    """The :class:`Route` of copies from ``src``'s memory into ``dst``'s (module doc's table)."""
-    plat = platform(dst.device if dst.is_cuda else src.device)
-    if plat in ("cpu", "cuda"):
-        return Route(plat)
-    if dst.is_cuda and src.is_cuda and dst.device != src.device:
-        return Route("hip-peer", dst.device.index, src.device.index)
-    # Both on this device (peer memory mapped here, e.g. symmetric memory's get_buffer
-    # views): NoCU, else the runtime runs a blit kernel on CUs. Host memory involved:
-    # Default, which ROCm runs on SDMA unless HSA_ENABLE_SDMA=0.
-    return Route("hip-nocu" if dst.is_cuda and src.is_cuda else "hip-default")
-
-
 def copy_bytes(dst_ptr: int, src_ptr: int, nbytes: int, stream: int, how: Route) -> None:
     """Enqueue a copy of ``nbytes`` from ``src_ptr`` to ``dst_ptr`` on ``stream`` along
     ``how`` (the callers own the bounds: addresses inside buffers they hold)."""
@@ -271,6 +258,7 @@ class CopyEngine:
         if reason is not None:
             raise BindingsMissing(reason)
         self._streams: dict[int, torch.cuda.Stream] = {}
+        self._route = Route(self.platform)  # every copy's route off ROCm (:meth:`route`)
         #: ``write_value(stream, addr, value)``: enqueue a flag write (GPU only);
         #: ``wait_value_geq`` / ``wait_value_eq(stream, addr, value)``: later work of the
         #: stream waits until the flag reaches (cyclic GEQ) / equals ``value`` (GPU only)
@@ -282,8 +270,20 @@ class CopyEngine:
         if nbytes != s_bytes:
             raise ValueError(f"copy: dst has {nbytes} B but src has {s_bytes} B")
         if nbytes:
-            copy_bytes(d_ptr, s_ptr, nbytes, stream, route(dst, src))
+            copy_bytes(d_ptr, s_ptr, nbytes, stream, self.route(dst, src))
         return nbytes
+
+    def route(self, dst: torch.Tensor, src: torch.Tensor) -> Route:
+        """The :class:`Route` of copies from ``src``'s memory into ``dst``'s (the module
+        doc's table): one per platform, except on ROCm, where it depends on the memories."""
+        if self.platform != "hip":
+            return self._route
+        if dst.is_cuda and src.is_cuda and dst.device != src.device:
+            return Route("hip-peer", dst.device.index, src.device.index)
+        # Both on this device (peer memory mapped here, e.g. symmetric memory's get_buffer
+        # views): NoCU, else the runtime runs a blit kernel on CUs. Host memory involved:
+        # Default, which ROCm runs on SDMA unless HSA_ENABLE_SDMA=0.
+        return Route("hip-nocu" if dst.is_cuda and src.is_cuda else "hip-default")
 
     def stream(self, handle: int) -> torch.cuda.Stream:
         """A torch stream object for a raw stream handle (GPU), made once per handle:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from backends import passive_peers
-from backends.copy_engine import CopyEngine, Route, copy_bytes, platform, route
+from backends.copy_engine import CopyEngine, Route, copy_bytes, platform
 from backends.gpu_signals import GpuSignals
 from backends.interface import current_stream_handle, grown_size, refuse_growth_in_capture
 from backends.peer_memory import PeerBuffer
@@ -128,7 +128,7 @@ class CopyTransport:
             for name, buf in (("pub", self.pub), ("red", self.red)):
                 for p in self.peers if buf is not None else ():
                     self._pull_from[name, p] = (buf.peer(p).data_ptr(),
-                                                route(self._recv, buf.peer(p)))
+                                                self.engine.route(self._recv, buf.peer(p)))
         self.capacity = grown
 
     def check_fits(self, nbytes: int) -> int:

@@ -42,16 +42,12 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
     """Pipeline ``len(bounds) - 1`` slices: GEMM rows into ``y``, AR them into ``out``."""
     assert y.shape == out.shape and bounds[0] == 0 and bounds[-1] == out.shape[0]
     slices = len(bounds) - 1
-
-    def gemm(s: int) -> None:
-        a, b = bounds[s], bounds[s + 1]
-        producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
-        lanes.mark_side(s)
-
     lanes.side_waits_for_caller()
     with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
         for s in range(slices):
-            gemm(s)
+            a, b = bounds[s], bounds[s + 1]
+            producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
+            lanes.mark_side(s)
     for s in range(slices):
         a, b = bounds[s], bounds[s + 1]
         lanes.caller_waits(s)

@@ -225,7 +225,7 @@ def test_copy_bytes_moves_exactly_the_addressed_span():
     # The transport's pulls are address arithmetic on a route decided once per buffer pair.
     src = torch.arange(64, dtype=torch.uint8)
     dst = torch.full((64,), 255, dtype=torch.uint8)
-    how = copy_engine.route(dst, src)
+    how = copy_engine.CopyEngine(torch.device("cpu")).route(dst, src)
     assert how == copy_engine.Route("cpu")
     copy_engine.copy_bytes(dst.data_ptr() + 8, src.data_ptr() + 20, 16, 0, how)
     want = torch.full((64,), 255, dtype=torch.uint8)
