@@ -235,6 +235,13 @@ def copy_bytes(dst_ptr: int, src_ptr: int, nbytes: int, stream: int, how: Route)
         hip_copy(dst_ptr, src_ptr, nbytes, stream, no_cu=how.kind == "hip-nocu")
 
 
+def host_array(addr: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``n`` elements of ``dtype`` at host address ``addr`` as a CPU tensor, no copy: CPU
+    worlds run the same by-address steps as GPU worlds (the caller owns the memory)."""
+    return torch.frombuffer((ctypes.c_byte * (n * dtype.itemsize)).from_address(addr),
+                            dtype=dtype, count=n)
+
+
 def _byte_span(t: torch.Tensor, label: str) -> tuple[int, int]:
     """(address, bytes) of a contiguous tensor (no view is made: this runs per step)."""
     if not isinstance(t, torch.Tensor):

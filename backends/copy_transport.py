@@ -97,6 +97,8 @@ class CopyTransport:
         #: (buffer, peer) -> (address of the peer's buffer, route of a pull from it):
         #: a call's pulls are address arithmetic, no tensor view per step (host time)
         self._pull_from: dict[tuple[str, int], tuple[int, Route]] = {}
+        #: buffer -> (address of my part of it, route of a publish into it)
+        self._publish_to: dict[str, tuple[int, Route]] = {}
         self._pending: list[tuple[int, int, int]] = []  # (epoch, lo, hi) peers may still read
         #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
         self.pulled_bytes = 0
@@ -126,7 +128,12 @@ class CopyTransport:
         if size > 1:
             self._recv = torch.empty((size - 1) * grown, dtype=torch.uint8, device=dev)
             for name, buf in (("pub", self.pub), ("red", self.red)):
-                for p in self.peers if buf is not None else ():
+                if buf is None:
+                    continue
+                # a publish copies this rank's device memory (like the receive buffer)
+                self._publish_to[name] = (buf.local.data_ptr(),
+                                          self.engine.route(buf.local, self._recv))
+                for p in self.peers:
                     self._pull_from[name, p] = (buf.peer(p).data_ptr(),
                                                 self.engine.route(self._recv, buf.peer(p)))
         self.capacity = grown
@@ -152,11 +159,21 @@ class CopyTransport:
         k = (peer - self.world.rank - 1) % self.world.size  # 0..W-2
         return self._recv[k * self.capacity:k * self.capacity + nbytes]
 
+    def recv_address(self, peer: int) -> int:
+        """The address of ``peer``'s private receive buffer (:meth:`recv_slot`, no view)."""
+        k = (peer - self.world.rank - 1) % self.world.size
+        return self._recv.data_ptr() + k * self.capacity
+
+    def local_address(self, buffer: str) -> int:
+        """The address of this rank's part of ``buffer`` (``"pub"`` or ``"red"``)."""
+        return self._publish_to[buffer][0]
+
     def close(self) -> None:
         """Drop every buffer (capacity 0)."""
         self.pub = self.red = self._recv = None
         self._stage.clear()
         self._pull_from.clear()
+        self._publish_to.clear()
         self.capacity = 0
 
     # ------------------------------------------------------------------ steps
@@ -175,24 +192,23 @@ class CopyTransport:
             self.signals.wait(p, "done", epoch, stream, "the reuse fence (peer still reading)")
         self._pending = [x for x in self._pending if x[0] > epoch]
 
-    def publish(self, t: int, slot: str, dst: torch.Tensor | None, src: torch.Tensor,
+    def publish(self, t: int, slot: str, dst_off: int | None, src_addr: int, nbytes: int,
                 stream: int, fence: tuple[int, int] | None = None) -> None:
-        """Copy ``src`` into my peer-visible ``dst`` (None: already there) and post ``slot``
-        of call ``t``, after the reuse ``fence`` of those bytes: on the publish lane where
-        there is one (:mod:`backends.publish_lane`), else on ``stream``."""
-        def publish(on: int) -> None:
-            if fence is not None:
-                self.fence(*fence, on)
-            with traced(self.trace, on, "publish" if slot == "ready" else "publish reduced"):
-                if dst is not None:
-                    self.engine.copy(dst, src, on)
-                self.signals.post(slot, t, on)
-
-        if self.lane is None:
-            publish(stream)
-            return
-        with self.lane.publishing(0 if slot == "ready" else 1, self.engine.stream(stream)) as lane:
-            publish(lane)
+        """Copy ``nbytes`` at ``src_addr`` (this rank's device memory: a stage, ``out``)
+        into bytes [dst_off, dst_off + nbytes) of my ``slot``'s buffer (``pub`` for
+        ``ready``, ``red`` for ``reduced``; ``dst_off`` None: already there) and post
+        ``slot`` of call ``t``, after the reuse ``fence`` of those bytes: on the publish
+        lane where there is one (:mod:`backends.publish_lane`), else on ``stream``."""
+        on = stream if self.lane is None else self.lane.start(
+            0 if slot == "ready" else 1, self.engine.stream(stream))
+        if fence is not None:
+            self.fence(*fence, on)
+        with traced(self.trace, on, "publish" if slot == "ready" else "publish reduced"):
+            if dst_off is not None and nbytes:
+                assert 0 <= dst_off and dst_off + nbytes <= self.capacity, (dst_off, nbytes)
+                base, how = self._publish_to["red" if slot == "reduced" else "pub"]
+                copy_bytes(base + dst_off, src_addr, nbytes, on, how)
+            self.signals.post(slot, t, on)
 
     def pull(self, peer: int, slot: str, t: int, dst_addr: int, src_off: int, nbytes: int,
              stream: int, what: str) -> None:

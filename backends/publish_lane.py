@@ -20,9 +20,6 @@ once, when the backend sizes its buffers (never during capture), and re-recorded
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import torch
 
 
@@ -32,23 +29,20 @@ class PublishLane:
     def __init__(self, device: torch.device):
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        self.handle = self.stream.cuda_stream  # the raw handle copies are enqueued on
         self._to_lane = [torch.cuda.Event(), torch.cuda.Event()]  # ev_in, ev_red
         self._back = torch.cuda.Event()  # ev_pub
         self._used = False
 
-    @property
-    def handle(self) -> int:
-        return self.stream.cuda_stream
-
-    @contextlib.contextmanager
-    def publishing(self, step: int, caller: torch.cuda.Stream) -> Iterator[int]:
-        """Run the enclosed publish (yields the lane's stream handle) after the work so
-        far of the ``caller`` stream; ``step`` 0 is the input publish, 1 the reduced shard's."""
+    def start(self, step: int, caller: torch.cuda.Stream) -> int:
+        """The lane's stream handle, ordered after the work so far of the ``caller``
+        stream: enqueue the publish there. ``step`` 0 is the input publish, 1 the reduced
+        shard's (each has its own event: both may be in flight)."""
         event = self._to_lane[step]
         event.record(caller)
         self.stream.wait_event(event)
-        yield self.handle
         self._used = True
+        return self.handle
 
     def join(self, caller: torch.cuda.Stream) -> None:
         """The ``caller`` stream waits for every publish enqueued so far."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from backends.copy_engine import host_array
 from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
                                 current_stream_handle, refuse_growth_in_capture)
@@ -105,9 +106,10 @@ class SdmaBackend(TransportBackend):
         with self.signals.call(self.signature(slice_in)) as t:
             off, local = self._publish(t, slice_in, stream)
             if self.schedule_for(nbytes) == "oneshot":
-                ops = tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
-                self._reduce([local if q == self.world.rank else ops[q].view(out.dtype)
-                              for q in range(self.world.size)], out.view(-1), stream)
+                tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
+                self._reduce([local if q == self.world.rank else tr.recv_address(q)
+                              for q in range(self.world.size)], out.data_ptr(), out.numel(),
+                             out.dtype, stream)
             else:
                 self._twoshot(t, off, local, out, stream)
             tr.finish(t, off, nbytes, stream)
@@ -150,58 +152,60 @@ class SdmaBackend(TransportBackend):
 
     # ------------------------------------------------------------------ internals
 
-    def _publish(self, t: int, slice_in: torch.Tensor, stream: int) -> tuple[int, torch.Tensor]:
-        """Byte offset of call ``t``'s slice in ``pub``, and the local operand (flat, typed)."""
+    def _publish(self, t: int, slice_in: torch.Tensor, stream: int) -> tuple[int, int]:
+        """Byte offset of call ``t``'s slice in ``pub``, and the address of the local operand."""
         tr = self.transport
         nbytes = slice_in.numel() * slice_in.element_size()
         base = tr.source("pub")
-        off = slice_in.data_ptr() - base.data_ptr()
+        addr = slice_in.data_ptr()
+        off = addr - base.data_ptr()
         inside = slice_in.device == base.device and 0 <= off and off + nbytes <= tr.capacity
         if inside and off % slice_in.element_size():
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
         off = off if inside else 0  # outside: staged at offset 0 (every rank alike)
         copy = not inside or tr.emulated  # a staging copy / the emulated D2H publish
-        tr.publish(t, "ready", tr.pub.local[off:off + nbytes] if copy else None,
-                   slice_in, stream, fence=(off, off + nbytes))
-        return off, slice_in.reshape(-1)
+        tr.publish(t, "ready", off if copy else None, addr, nbytes, stream,
+                   fence=(off, off + nbytes))
+        return off, addr
 
-    def _twoshot(self, t: int, off: int, local: torch.Tensor, out: torch.Tensor,
-                 stream: int) -> None:
+    def _twoshot(self, t: int, off: int, local: int, out: torch.Tensor, stream: int) -> None:
+        """Phases 2-4 of two-shot (module doc) by address: ``local`` is this rank's slice."""
         tr, r, e = self.transport, self.world.rank, out.element_size()
         bounds = shard_bounds(out.numel(), self.world.size, e)
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
-        ops = {}
         for p in tr.peers:
-            ops[p] = tr.recv_slot(p, (hi - lo) * e)
-            tr.pull(p, "ready", t, ops[p].data_ptr(), off + lo * e, (hi - lo) * e, stream, what)
-        flat = out.view(-1)
-        mine = tr.red.local[off + lo * e:off + hi * e].view(out.dtype)
-        operands = [local[lo:hi] if q == r else ops[q].view(out.dtype)
+            tr.pull(p, "ready", t, tr.recv_address(p), off + lo * e, (hi - lo) * e, stream, what)
+        out_addr = out.data_ptr()
+        operands = [local + lo * e if q == r else tr.recv_address(q)
                     for q in range(self.world.size)]
         if self.world.kind == "gpu-symm":
             # red is this GPU's memory: the kernel writes it too (no same-device D2D copy).
-            self._reduce(operands, flat[lo:hi], stream, also=mine)
+            self._reduce(operands, out_addr + lo * e, hi - lo, out.dtype, stream,
+                         also=tr.local_address("red") + off + lo * e)
             self.signals.post("reduced", t, stream)
         else:
-            self._reduce(operands, flat[lo:hi], stream)
-            # host copy / emulated D2H publish (peers' shards land in flat[a:b], disjoint)
-            tr.publish(t, "reduced", mine, flat[lo:hi], stream)
-        out_addr = out.data_ptr()
+            self._reduce(operands, out_addr + lo * e, hi - lo, out.dtype, stream)
+            # host copy / emulated D2H publish (peers' shards land in out, disjoint)
+            tr.publish(t, "reduced", off + lo * e, out_addr + lo * e, (hi - lo) * e, stream)
         for p in tr.peers:
             a, b = bounds[p], bounds[p + 1]
             tr.pull(p, "reduced", t, out_addr + a * e, off + a * e, (b - a) * e, stream, what)
         self.signals.post("done", t, stream)
 
-    def _reduce(self, operands: list[torch.Tensor], out: torch.Tensor, stream: int,
-                also: torch.Tensor | None = None) -> None:
-        """Sum ``operands`` into ``out`` (and ``also``) on ``stream``, the current stream."""
-        if out.numel() == 0:
+    def _reduce(self, operands: list[int], out: int, n: int, dtype: torch.dtype, stream: int,
+                also: int | None = None) -> None:
+        """Sum the ``n``-element ``dtype`` arrays at ``operands`` (rank order) into ``out``
+        (and ``also``) on ``stream``, the current stream; all by address."""
+        if n == 0:
             return
         from backends.kernels import reduce_sum as kernel
 
         with traced(self.transport.trace, stream, "reduce"):
-            if out.is_cuda:  # settings.sdma_reduce_ctas: 0 is the kernel's default
-                kernel.reduce_sum(operands, out, also, ctas=self.settings.sdma_reduce_ctas or None)
+            if self.world.device.type == "cuda":  # settings.sdma_reduce_ctas: 0 is the default
+                kernel.launch_reduce(operands, out, also, n, dtype, stream,
+                                     self.world.device.index, self.settings.sdma_reduce_ctas or None)
             else:
-                kernel.reference_reduce_sum(operands, out, also)
+                kernel.reference_reduce_sum([host_array(a, n, dtype) for a in operands],
+                                            host_array(out, n, dtype),
+                                            None if also is None else host_array(also, n, dtype))

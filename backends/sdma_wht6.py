@@ -215,8 +215,7 @@ class SdmaWht6Backend(TransportBackend):
         with traced(tr.trace, stream, "encode"):
             wht6.encode(slice_in, out=encoded)
         if tr.emulated:  # the D2H publish, fenced, on the publish lane
-            tr.publish(t, "ready", tr.pub.local[:nbytes], encoded.view(-1), stream,
-                       fence=(0, nbytes))
+            tr.publish(t, "ready", 0, encoded.data_ptr(), nbytes, stream, fence=(0, nbytes))
         else:
             self.signals.post("ready", t, stream)
         return encoded
@@ -244,8 +243,8 @@ class SdmaWht6Backend(TransportBackend):
         if hi > lo:
             with traced(tr.trace, stream, "encode reduced"):
                 wht6.encode(out[lo:hi], out=gathered[lo:hi])
-        tr.publish(t, "reduced", tr.red.local[lo * rb:hi * rb] if tr.emulated else None,
-                   gathered[lo:hi].view(-1), stream)
+        tr.publish(t, "reduced", lo * rb if tr.emulated else None,
+                   gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.
         gathered_addr = gathered.data_ptr()
         for p in tr.peers:

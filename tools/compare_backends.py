@@ -33,6 +33,7 @@ import backends  # noqa: E402
 from backends import envs  # noqa: E402
 from backends.world import World  # noqa: E402
 from overlap import producers  # noqa: E402  (importing overlap registers every producer)
+import gpu_timing  # noqa: E402
 import producer_inputs  # noqa: E402
 import report  # noqa: E402
 import timeline  # noqa: E402
@@ -147,7 +148,9 @@ def header(kind: str, label: str, size: int, device: str) -> dict:
             "torch": torch.__version__, "python": platform.python_version(),
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])}
+            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+            # GPU timing: calls back to back per sample, the host one call ahead (gpu_timing)
+            "calls_per_sample": 1 if kind == "cpu-shm" else gpu_timing.CALLS_PER_SAMPLE}
 
 
 def gate_reason(name: str, world) -> str | None:
@@ -210,7 +213,10 @@ def print_header(hdr: dict) -> None:
     print(f"# radiance-ar compare_backends -- {hdr['label']}")
     print(f"# device {hdr['device']}, W={hdr['W']}, torch {hdr['torch']}, cuda {hdr['cuda']}, "
           f"hip {hdr['hip']}, {hdr['date']}")
-    print(f"# command: {hdr['command']}", flush=True)
+    print(f"# command: {hdr['command']}")
+    if hdr.get("calls_per_sample", 1) > 1:
+        print(f"# timing: medians of samples of {hdr['calls_per_sample']} calls back to back "
+              "(device events, the host one call ahead), per call", flush=True)
 
 
 def baseline_of(hdr: dict) -> str:

@@ -1,12 +1,15 @@
 """GPU timing primitives shared by the measurement modes: events, L2 rotation, contention.
 
-Every time is a median of device-event times over ``reps`` calls after ``warmup``;
+Every time is a median of device-event times over ``reps`` samples after ``warmup``
+calls, a sample being a few calls back to back with the host one call ahead
+(:func:`event_times`);
 inputs rotate among enough copies that the set exceeds the L2 several times (the
 H200's L2 is 60 MB), so no call reads what the previous one left in cache.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -27,29 +30,73 @@ def copies_for(t: torch.Tensor) -> int:
     return max(2, math.ceil(ROTATE_BYTES / max(1, t.numel() * t.element_size())))
 
 
+#: calls timed back to back per sample: a sample is their device time divided by this, so
+#: a call whose host enqueue outlasts its device time shows up (the device waits for the
+#: host), as it would in a stream of layers, while one call's start-up latency is not
+#: counted (:func:`event_times`)
+CALLS_PER_SAMPLE = 4
+#: the device lead before a sample, in units of one call's host time (warm-up median)
+LEAD_CALLS = 1.5
+
+
+@functools.cache
+def _sleep_cycles_per_ms(index: int) -> float:
+    """GPU clock cycles per ms of ``torch.cuda._sleep`` on device ``index`` (measured once)."""
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 20_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / start.elapsed_time(end)
+
+
+def device_lead(ms: float) -> None:
+    """Keep the current stream busy for about ``ms`` without touching memory, so that the
+    host enqueues what follows while the device is still occupied (host ahead)."""
+    if ms > 0:
+        cycles = _sleep_cycles_per_ms(torch.cuda.current_device()) * ms
+        torch.cuda._sleep(int(cycles))
+
+
 def event_times(fn: Callable[[int], None], reps: int, warmup: int,
                 before: Callable[[], None] | None = None,
-                host_ms: list[float] | None = None) -> list[float]:
-    """Device time in ms of ``fn(i)`` for i = 0..reps-1, each call synchronized alone;
-    ``before()`` (e.g. a barrier across ranks) runs untimed ahead of every timed call.
-    ``host_ms``: also append each call's host time (the Python call that enqueues it):
-    where it reaches the device time, the device waited for the host."""
+                host_ms: list[float] | None = None,
+                calls: int = CALLS_PER_SAMPLE) -> list[float]:
+    """Device time in ms of one ``fn(i)``, one sample per ``reps``: ``calls`` calls back to
+    back between two events, divided by ``calls`` (i runs on over the calls).
+
+    The host is kept one call ahead, as in a model where the previous layer's device
+    work covers this call's enqueue: before each sample's start event the stream sleeps
+    :data:`LEAD_CALLS` times one call's host time (warm-up median). The first call's
+    start-up latency is then not timed; a call whose host time exceeds its device time
+    still is (the device runs dry during the later calls). ``before()`` (e.g. a barrier
+    across ranks) runs untimed ahead of every sample. ``host_ms``: also append each
+    sample's host time per call (the Python calls that enqueue it)."""
+    warm_host = []
     for i in range(warmup):
+        t0 = time.perf_counter()
         fn(i)
+        warm_host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    lead = LEAD_CALLS * statistics.median(warm_host) if warm_host else 0.0
     torch.cuda.synchronize()
     samples = []
-    for i in range(reps):
+    for rep in range(reps):
         if before is not None:
             before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        device_lead(lead)
         start.record()
         t0 = time.perf_counter()
-        fn(i)
+        for k in range(calls):
+            fn(rep * calls + k)
         if host_ms is not None:
-            host_ms.append((time.perf_counter() - t0) * 1e3)
+            host_ms.append((time.perf_counter() - t0) * 1e3 / calls)
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end))
+        samples.append(start.elapsed_time(end) / calls)
     return samples
 
 

@@ -13,14 +13,26 @@ from typing import Any
 import torch
 
 
-class HostPointer:
-    """Pinned host memory as a kernel sees it: an address and a dtype."""
+class Address:
+    """Memory as a kernel sees it: an address and the dtype of its elements (what
+    Triton reads of a tensor argument)."""
 
-    def __init__(self, t: torch.Tensor):
-        self.dtype, self._ptr = t.dtype, t.data_ptr()
+    __slots__ = ("dtype", "_ptr")
+
+    def __init__(self, ptr: int, dtype: torch.dtype):
+        self.dtype, self._ptr = dtype, ptr
 
     def data_ptr(self) -> int:
         return self._ptr
+
+
+class HostPointer(Address):
+    """Pinned host memory as a kernel sees it: ``t``'s address and dtype."""
+
+    __slots__ = ()
+
+    def __init__(self, t: torch.Tensor):
+        super().__init__(t.data_ptr(), t.dtype)
 
 
 def kernel_pointer(t: torch.Tensor) -> Any:
