@@ -204,7 +204,7 @@ class SdmaBackend(TransportBackend):
         with traced(self.transport.trace, stream, "reduce"):
             if self.world.device.type == "cuda":  # settings.sdma_reduce_ctas: 0 is the default
                 kernel.launch_reduce(operands, out, also, n, dtype, stream,
-                                     self.world.device.index, self.settings.sdma_reduce_ctas or None)
+                                     self.settings.sdma_reduce_ctas or None)
             else:
                 kernel.reference_reduce_sum([host_array(a, n, dtype) for a in operands],
                                             host_array(out, n, dtype),

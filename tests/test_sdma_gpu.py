@@ -137,6 +137,28 @@ def test_triton_reduce_on_the_gpu_is_bit_exact_with_two_outputs():
         assert torch.equal(jobs.bits(also.cpu()), jobs.bits(ref))
 
 
+def test_reduce_by_address_mixes_variants_without_reusing_the_wrong_one():
+    """Launches by address (fast_launch) alternate aligned and unaligned operands, sizes
+    divisible by 16 or not, and 1: each must run the variant its arguments need."""
+    from backends.interface import current_stream_handle
+    from backends.kernels.reduce_sum import launch_reduce, reference_reduce_sum
+
+    base = [(torch.randn(70_000) * 16).to(DT) for _ in range(4)]
+    dev = [x.to(DEV) for x in base]
+    for shift, n in [(0, 65_536), (1, 65_536), (0, 1), (3, 4_099), (0, 65_536), (8, 4_096)]:
+        xs = [x[shift:shift + n] for x in base]
+        ref = torch.empty(n, dtype=DT)
+        reference_reduce_sum(xs, ref)
+        out = torch.full((n + 8,), float("nan"), dtype=DT, device=DEV)
+        launch_reduce([x[shift:].data_ptr() for x in dev], out[shift % 8:].data_ptr(), None, n,
+                      DT, current_stream_handle(DEV))
+        torch.cuda.synchronize()
+        got = out[shift % 8:shift % 8 + n].cpu()
+        assert torch.equal(jobs.bits(got), jobs.bits(ref)), (shift, n)
+        assert torch.isnan(out[:shift % 8].float()).all(), "wrote before its output"
+        assert torch.isnan(out[shift % 8 + n:].float()).all(), "wrote past its output"
+
+
 def test_transport_needs_no_compute_units():
     from diagnostics import cu_free_check
 

@@ -262,3 +262,22 @@ def test_passive_peer_fill_repeats_the_payload_into_every_other_rank_only():
         assert torch.equal(buf, want), r
     with pytest.raises(ValueError, match="payload is empty"):
         passive_peers.repeated_bytes(torch.empty(0), 8)
+
+
+def test_fast_launch_keys_apart_everything_triton_specializes_on():
+    from backends.kernels.fast_launch import _arg_class
+    from backends.kernels.pointers import Address
+
+    ints = [1, 2, 15, 16, 32, 2 ** 31 - 16, 2 ** 31, -(2 ** 31), -(2 ** 31) - 16]
+    classes = [_arg_class(v) for v in ints]
+    # 1 alone; multiples of 16 apart from the rest; 64-bit values apart from 32-bit ones
+    assert classes[0] != classes[1] and classes[1] == classes[2]
+    assert classes[3] == classes[4] == classes[5] != classes[2]
+    assert classes[6] != classes[5] and classes[7] == classes[5] and classes[8] != classes[7]
+    aligned, odd = Address(1 << 20, torch.bfloat16), Address((1 << 20) + 2, torch.bfloat16)
+    assert _arg_class(aligned) != _arg_class(odd)
+    assert _arg_class(aligned) != _arg_class(Address(1 << 20, torch.float16))
+    t = torch.zeros(8, dtype=torch.bfloat16)
+    assert _arg_class(t) == _arg_class(Address(t.data_ptr(), t.dtype))
+    assert _arg_class(True) != _arg_class(1) and _arg_class(True) != _arg_class(False)
+    assert _arg_class(0.5) != _arg_class(1.5)

@@ -1,46 +1,72 @@
-"""Launching a compiled Triton kernel again without the JIT's per-call work.
+"""``kernel[grid](*args, **options)`` without the JIT's per-call work, for hot launches.
 
-``kernel[grid](*args)`` binds the arguments, computes the specialization key (each
-pointer's 16-byte alignment, each int's divisibility by 16), looks the compiled kernel
-up, then asks every tensor argument for its pointer and the driver for its attributes:
-32-38 us per launch of the 4-input reduce on an H200 host, as much host time as ten
-copy-engine enqueues (``python -m diagnostics.host_steps``,
-tools/results/2026-12-03-h200-host-steps/ and -launch-cache/). A :class:`Launcher` finds
-the compiled kernel once, through Triton's own ``warmup`` (which compiles or looks it
-up without launching), and then calls its launcher directly with integer addresses.
+A Triton launch binds the arguments, computes the specialization key, looks the
+compiled kernel up, then asks every tensor argument for its pointer and the driver for
+that pointer's attributes: 32-38 us of host time for the 4-input reduce and 40-66 us
+for the wht6 codec kernels on an H200 host, as much as ten copy-engine enqueues
+(``python -m diagnostics.host_steps``, tools/results/2026-12-03-h200-host-steps/).
+:func:`launch` keys each call on the same properties Triton specializes on, finds the
+compiled kernel once per key through Triton's own ``warmup`` (which compiles or looks it
+up without launching) and from then on calls its launcher directly, with each pointer
+passed as an int.
 
-The caller owns the specialization: every launch through one Launcher must have the
-properties the kernel was resolved with, so a caller keys its Launchers on them (the
-reduce keys on "every pointer 16-byte aligned and n % 16 == 0", the only property its
-fast variant is specialized on; its generic variant is specialized on nothing).
-GPU only: the Triton interpreter has no compiled kernels.
+The key is at least as fine as Triton's: per argument, for a pointer (anything with
+``data_ptr()`` and ``dtype``: tensors, :class:`backends.kernels.pointers.Address`) its
+dtype and whether it is 16-byte aligned; for an int whether it is 1, whether 16 divides
+it and its width (32 or 64 bit); anything else by value; plus the grid, the keywords
+and the device. A call whose arguments differ in any of these gets its own entry, so
+it never runs a variant compiled for other arguments.
+
+Under the Triton interpreter (``TRITON_INTERPRET=1``: CPU tensors, no compiled kernels)
+:func:`launch` is exactly ``kernel[grid](*args, **options)``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+
+import torch
+
+from backends import envs
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+#: (kernel, grid, argument classes, options, device) -> (the compiled kernel's runner,
+#: the constexpr values after the positional arguments)
+_runners: dict[tuple, Any] = {}
 
 
-class Launcher:
-    """One compiled variant of a Triton kernel and one grid, launched by address."""
+def _arg_class(a: Any) -> Any:
+    """What Triton specializes an argument on (module doc), as a hashable value."""
+    if type(a) is int:  # noqa: E721  (bool is an int subclass and keyed by value below)
+        return (a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31)
+    ptr = getattr(a, "data_ptr", None)
+    if ptr is not None:
+        return (a.dtype, ptr() % 16 == 0)
+    return (type(a), a)
 
-    def __init__(self, kernel: Any, grid: tuple[int, ...], example: Sequence[Any],
-                 options: dict[str, Any]):
-        """``kernel``: a ``triton.jit`` function; ``example``: its positional arguments
-        with every pointer as an object with ``data_ptr()`` and ``dtype``
-        (:class:`backends.kernels.pointers.Address`) and the same specialization the
-        launches will have; ``options``: its constexpr and launch keywords
-        (``num_warps``...), in the kernel's parameter order for the constexprs."""
-        compiled = kernel.warmup(*example, grid=grid, **options)
-        self._run = compiled[grid]  # loads the module now if it is not loaded yet
-        # The launcher takes every parameter, constexprs included (as JITFunction.run
-        # passes them), so the constant tail is appended to each launch's arguments.
-        names = list(kernel.arg_names)
-        self._tail = tuple(options[n] for n in names[len(example):])
-        if len(example) + len(self._tail) != len(names):
-            raise ValueError(f"Launcher: {len(example)} positional arguments and constexprs "
-                             f"{sorted(options)} do not cover the parameters {names}")
 
-    def __call__(self, args: Sequence[Any], stream: int) -> None:
-        """Launch on ``stream`` (a raw handle) with ``args`` (pointers as ints)."""
-        self._run(*args, *self._tail, stream=stream)
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, stream: int | None = None,
+           **options: Any) -> None:
+    """``kernel[grid](*args, **options)`` on ``stream`` (a raw handle; default the current
+    stream of the current device), launched by address after the first call of its key."""
+    if envs.triton_interpreter():
+        kernel[grid](*args, **options)
+        return
+    device = torch.cuda.current_device()
+    grid = (*grid, 1, 1)[:3]  # the compiled kernel's runner reads three grid dimensions
+    key = (kernel, grid, tuple(map(_arg_class, args)), tuple(options.items()), device)
+    entry = _runners.get(key)
+    if entry is None:
+        compiled = kernel.warmup(*args, grid=grid, **options)
+        # The launcher takes every parameter in order, constexprs included (as
+        # JITFunction.run passes them): the ones after the positional arguments come
+        # from the keywords or their defaults.
+        tail = tuple(options[p.name] if p.name in options else p.default
+                     for p in kernel.params[len(args):])
+        entry = _runners[key] = (compiled[grid], tail)  # loads the module if not loaded
+    run, tail = entry
+    if stream is None:
+        stream = (_RAW_STREAM(device) if _RAW_STREAM is not None
+                  else torch.cuda.current_stream(device).cuda_stream)
+    run(*[a if type(a) is int or not hasattr(a, "data_ptr") else a.data_ptr() for a in args],
+        *tail, stream=stream)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from backends import envs
-from backends.kernels import wht6_launch
+from backends.kernels import fast_launch, wht6_launch
 from backends.wht6 import BLOCK, SUB, padded_cols, payload_bytes_per_row
 
 __all__ = ["DTYPES", "ITERS_PER_MS", "MAX_RANKS", "PASSIVE_EPOCH", "launch", "modes",
@@ -92,7 +92,8 @@ def launch(x: torch.Tensor, out: torch.Tensor, pubs: Sequence[Any], flags: Seque
         from backends.kernels.oneshot_wht6_kernel import oneshot_wht6_kernel
     except ImportError as e:
         raise RuntimeError(f"oneshot_wht6 on a GPU needs Triton: pip install triton ({e})") from None
-    oneshot_wht6_kernel[(ctas,)](
+    fast_launch.launch(
+        oneshot_wht6_kernel, (ctas,),
         x, out, *pubs, *([pubs[0]] * pad), *flags, *([flags[0]] * pad),
         own if own is not None else pubs[rank], err, wht6_launch.levels(x.device), rank, n_sub,
         padded_cols(cols) // SUB, cols, max(x.stride(0), 1), max(out.stride(0), 1), row_bytes,

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import torch
 
+from backends.kernels.pointers import Address
+
 MAX_INPUTS = 8
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BLOCK = 2048  # elements per step: 256 threads (8 warps) x 8 bf16 = one 16-byte vector each
@@ -82,63 +84,43 @@ def reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
     ``ctas``: persistent programs; default 2 per SM on a GPU, 4 under the interpreter.
     """
     _check(inputs, out, also)
-    n = out.numel()
-    if n == 0:
-        return
     if ctas is not None and (not isinstance(ctas, int) or isinstance(ctas, bool) or ctas < 1):
         raise ValueError(f"reduce_sum: ctas must be an int >= 1, got {ctas!r}")
-    if out.is_cuda:
-        from backends.interface import current_stream_handle
-
-        launch_reduce([t.data_ptr() for t in inputs], out.data_ptr(),
-                      None if also is None else also.data_ptr(), n, out.dtype,
-                      current_stream_handle(out.device), out.device.index, ctas)
-        return
-    # The Triton interpreter (tests): tensors, no compiled kernel to launch by address.
-    tensors = list(inputs) + [out] + ([also] if also is not None else [])
-    aligned = n % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
-    grid = (min(ctas or 4, -(-n // BLOCK)),)
-    ptrs = list(inputs) + [inputs[0]] * (MAX_INPUTS - len(inputs))
-    _kernels()[0 if aligned else 1][grid](
-        *ptrs, out, also if also is not None else out, n, W=len(inputs),
-        HAS_ALSO=also is not None, BLOCK=BLOCK, num_warps=NUM_WARPS)
-
-
-#: (W, dtype, has also, aligned, grid, device) -> Launcher (backends.kernels.fast_launch)
-_launchers: dict[tuple, Any] = {}
+    if out.numel():
+        _launch(list(inputs), out, also, out.numel(), None, ctas)
 
 
 def launch_reduce(inputs: Sequence[int], out: int, also: int | None, n: int,
-                  dtype: torch.dtype, stream: int, device: int | None,
-                  ctas: int | None = None) -> None:
-    """The kernel by address on ``stream`` (a raw handle): ``out`` (and ``also``) = the
-    sum of the ``n``-element ``dtype`` arrays at ``inputs``, all on CUDA device
-    ``device``. The transport's own call path: its buffers are checked when they are
-    sized, so no per-call tensor checks here (:func:`reduce_sum` is the checked entry).
-    The launch skips Triton's per-call binding (:mod:`backends.kernels.fast_launch`)."""
+                  dtype: torch.dtype, stream: int, ctas: int | None = None) -> None:
+    """The kernel by address on ``stream`` (a raw handle) of the current CUDA device:
+    ``out`` (and ``also``) = the sum of the ``n``-element ``dtype`` arrays at ``inputs``.
+    The transport's own call path: its buffers are checked when they are sized, so
+    there are no per-call tensor checks here (:func:`reduce_sum` is the checked entry)."""
     assert 1 <= len(inputs) <= MAX_INPUTS and n > 0, (len(inputs), n)
-    grid = min(ctas or 2 * _sm_count(device), -(-n // BLOCK))
+    _launch([Address(a, dtype) for a in inputs], Address(out, dtype),
+            None if also is None else Address(also, dtype), n, stream, ctas)
+
+
+def _launch(inputs: list, out: Any, also: Any, n: int, stream: int | None,
+            ctas: int | None) -> None:
+    """Pick the variant (the fast one where every pointer is 16-byte aligned and n % 16
+    == 0) and the grid, then launch (:mod:`backends.kernels.fast_launch`)."""
+    from backends.kernels.fast_launch import launch
+
+    if ctas is None:
+        ctas = 2 * _sm_count(torch.cuda.current_device()) if _on_gpu(out) else 4
     ptrs = [*inputs, out] if also is None else [*inputs, out, also]
-    aligned = n % 16 == 0 and not any(p % 16 for p in ptrs)
-    key = (len(inputs), dtype, also is not None, aligned, grid, device)
-    launcher = _launchers.get(key)
-    if launcher is None:
-        launcher = _launchers[key] = _launcher(key)
-    pad = [inputs[0]] * (MAX_INPUTS - len(inputs))
-    launcher((*inputs, *pad, out, out if also is None else also, n), stream)
+    aligned = n % 16 == 0 and not any(p.data_ptr() % 16 for p in ptrs)
+    launch(_kernels()[0 if aligned else 1], (min(ctas, -(-n // BLOCK)),),
+           *inputs, *[inputs[0]] * (MAX_INPUTS - len(inputs)), out,
+           out if also is None else also, n, stream=stream, W=len(inputs),
+           HAS_ALSO=also is not None, BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
-def _launcher(key: tuple) -> Any:
-    from backends.kernels.fast_launch import Launcher
-    from backends.kernels.pointers import Address
-
-    w, dtype, has_also, aligned, grid, device = key
-    # An example with the specialization of the key: 16-byte aligned addresses and n = 16
-    # (aligned), else the generic variant, which is specialized on nothing.
-    with torch.cuda.device(device):
-        example = [Address(1 << 20, dtype)] * (MAX_INPUTS + 2) + [16]
-        return Launcher(_kernels()[0 if aligned else 1], (grid,), example,
-                        dict(W=w, HAS_ALSO=has_also, BLOCK=BLOCK, num_warps=NUM_WARPS))
+def _on_gpu(t: Any) -> bool:
+    """Whether ``t`` (a tensor or an Address) is GPU memory; Addresses come only from
+    the GPU path (:func:`launch_reduce`)."""
+    return not isinstance(t, torch.Tensor) or t.is_cuda
 
 
 def warm_up(world_size: int, dtype: torch.dtype, device: torch.device,

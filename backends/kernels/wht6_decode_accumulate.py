@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.kernels.fast_launch import launch
 from backends.kernels import wht6_launch, wht6_tile, wht6_tile_decode
 from backends.wht6 import reference
 
@@ -88,7 +89,8 @@ def wht6_decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype,
     if n_sub == 0:
         return out
     padded = list(payloads) + [payloads[0]] * (MAX_PAYLOADS - len(payloads))
-    wht6_decode_accumulate_kernel[(triton.cdiv(n_sub, t),)](
+    launch(
+        wht6_decode_accumulate_kernel, (triton.cdiv(n_sub, t),),
         *padded, out, wht6_launch.levels(out.device), n_sub, cols // reference.SUB, out.stride(0),
         pay_shape[1], len(payloads), T=t, num_warps=warps, enable_fp_fusion=False)
     return out

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.kernels.fast_launch import launch
 from backends.kernels import wht6_launch, wht6_tile, wht6_tile_encode
 from backends.wht6 import reference
 
@@ -69,7 +70,8 @@ def wht6_encode(x: torch.Tensor, out: torch.Tensor = None, shape: tuple = None) 
     t, warps = wht6_launch.encode_shape(x.dtype) if shape is None else wht6_launch.check_shape(shape)
     if n_sub == 0:
         return out
-    wht6_encode_kernel[(triton.cdiv(n_sub, t),)](
+    launch(
+        wht6_encode_kernel, (triton.cdiv(n_sub, t),),
         x, out, n_sub, cols // reference.SUB, x.stride(0), pay_shape[1],
         *wht6_tile.row_divisor(cols // reference.SUB),
         T=t, NV_SQRT=wht6_launch.nv_sqrt(x.device),
