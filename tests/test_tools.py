@@ -168,9 +168,13 @@ def test_derived_figures_and_missing_inputs():
 
 
 def test_contention_record_uses_spread_over_gemm_alone():
-    r = gpu_timing.contention_record([1.0, 1.1, 1.2, 1.3, 1.4] * 4, t_gemm=1.0)
-    assert r["contention"] == pytest.approx(r["t_gemm_concurrent_ms"]) == pytest.approx(1.2)
-    assert r["contention_spread"] == pytest.approx(r["t_gemm_concurrent_spread_ms"])
+    # one phase in five meets the reduce: the mean keeps it, a median would not
+    r = gpu_timing.contention_record([1.0, 1.0, 1.0, 1.0, 1.5] * 4, t_gemm=1.0)
+    assert r["contention"] == pytest.approx(r["t_gemm_concurrent_ms"]) == pytest.approx(1.1)
+    assert r["contention_max"] == pytest.approx(1.5)
+    r = gpu_timing.contention_record([2.0, 2.2, 2.4, 2.6, 2.8] * 4, t_gemm=2.0)
+    assert r["contention"] == pytest.approx(1.2)
+    assert r["contention_spread"] == pytest.approx(r["t_gemm_concurrent_spread_ms"] / 2.0)
     assert r["contention_reps"] == 20 == gpu_timing.CONTENTION_MIN_REPS
 
 

@@ -101,23 +101,42 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
 
 
 def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], None],
-                     side_calls: int, reps: int, warmup: int) -> list[float]:
+                     side_calls: int, reps: int, warmup: int,
+                     phases_ms: list[float] | None = None) -> list[float]:
     """Device time of ``main_fn(i)`` while ``side_calls`` calls of ``side_fn`` run on
-    another stream, started together; the side work is sized to outlast ``main_fn``."""
-    side = torch.cuda.Stream()
+    another stream (sized by the caller to outlast it), one sample per repeat.
+
+    Both streams are held by one event until the host has enqueued both (a device sleep
+    sized from the first warm-up's host time), so where ``main_fn`` lands in the side
+    work does not depend on how fast the host enqueues it: repeat k starts ``main_fn``
+    ``phases_ms[k % len(phases_ms)]`` after the side work (a device sleep; default 0)."""
+    side, gate = torch.cuda.Stream(), torch.cuda.Stream()
     main = torch.cuda.current_stream()
+    go = torch.cuda.Event()
+    phases = phases_ms or [0.0]
+    lead = 0.0
     samples = []
     for i in range(warmup + reps):
+        t0 = time.perf_counter()
+        gate.wait_stream(main)
         side.wait_stream(main)
+        with torch.cuda.stream(gate):
+            device_lead(lead)
+            go.record(gate)
+        side.wait_event(go)
         with torch.cuda.stream(side):
             for j in range(side_calls):
                 side_fn(j)
+        main.wait_event(go)
+        device_lead(phases[(i - warmup) % len(phases)] if i >= warmup else 0.0)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(main)
         main_fn(i)
         end.record(main)
         main.wait_stream(side)
+        host_ms = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
+        lead = max(lead, 1.5 * host_ms + 0.2)  # the host enqueues all before the gate opens
         if i >= warmup:
             samples.append(start.elapsed_time(end))
     return samples
@@ -126,18 +145,28 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
 def contention_times(gemm: Callable[[int], None], ar: Callable[[int], None], t_gemm: float,
                      t_ar: float, reps: int, warmup: int) -> list[float]:
     """Device times of ``gemm`` while ``ar`` runs back to back beside it, over
-    max(reps, CONTENTION_MIN_REPS) repeats; ``t_gemm``/``t_ar`` (medians alone, ms) size
-    the AR calls so that they outlast the GEMM."""
-    side_calls = max(2, math.ceil(t_gemm / t_ar) + 2)
-    return concurrent_times(gemm, ar, side_calls, max(reps, CONTENTION_MIN_REPS), warmup)
+    max(reps, CONTENTION_MIN_REPS) repeats whose GEMM starts at evenly spread points of
+    one AR call (phase k/reps of ``t_ar``): an AR's parts differ in what they take from
+    a GEMM (the copies little, its reduce kernel more), so one fixed start point would
+    measure one part only, and which part would depend on the host's enqueue speed.
+    ``t_gemm``/``t_ar`` (medians alone, ms) size the AR calls to outlast every phase."""
+    reps = max(reps, CONTENTION_MIN_REPS)
+    side_calls = max(2, math.ceil((t_ar + t_gemm) / t_ar) + 1)
+    phases = [t_ar * k / reps for k in range(reps)]
+    return concurrent_times(gemm, ar, side_calls, reps, warmup, phases)
 
 
 def contention_record(samples: list[float], t_gemm: float) -> dict:
-    """The record's contention keys from :func:`contention_times`'s samples."""
-    med, spread = metrics.median_and_spread(samples)
-    return {"t_gemm_concurrent_ms": med, "t_gemm_concurrent_spread_ms": spread,
-            "contention": metrics.contention(med, t_gemm),
+    """The record's contention keys from :func:`contention_times`'s samples (one per
+    phase): ``contention`` is their MEAN over T_gemm alone (the expected slowdown of a
+    GEMM overlapping a random point of the AR; a median would drop the phases that meet
+    the reduce kernel), ``contention_spread`` half their IQR, ``contention_max`` the worst."""
+    mean = statistics.fmean(samples)
+    _, spread = metrics.median_and_spread(samples)
+    return {"t_gemm_concurrent_ms": mean, "t_gemm_concurrent_spread_ms": spread,
+            "contention": metrics.contention(mean, t_gemm),
             "contention_spread": metrics.contention_spread(spread, t_gemm),
+            "contention_max": metrics.contention(max(samples), t_gemm),
             "contention_reps": len(samples)}
 
 

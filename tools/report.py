@@ -62,8 +62,8 @@ ACCURACY_COLUMNS = tuple(c for c in COLUMNS
                                      "rel_rms_err", "correct"))
 #: record keys that are timings or derived from them
 TIMING_KEYS = ("bound_ms", "efficiency", "speedup", "hidden", "contention",
-               "contention_spread", "contention_reps", "slice_overhead_us", "bus_gbs",
-               "link_gbs", "link_efficiency")
+               "contention_spread", "contention_max", "contention_reps", "slice_overhead_us",
+               "bus_gbs", "link_gbs", "link_efficiency")
 CPU_TIMING_NOTE = ("not a performance measurement: CPU ranks share the machine's cores and "
                    "have no streams, so timings, speedup and contention are measured on GPU "
                    "worlds only")
