@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device calls of 2026-12-03 ~11:55: the by-address host path and fast launches.
 #   PART=tests   GPU tests, host_steps, host_cost before/after (one round)
-#   PART=compare the compare tool on both trees (the same timing code: tools/ of this tree)
+#   PART=compare the compare tool (M = 8192, 16384, timeline) on this tree, and at M = 8192 for
+#                sdma on the tree before (the same timing code: tools/ of this tree)
 # before = .before: backends/overlap/diagnostics/harness of f3d8bc4 + tools/ of this tree.
 # Usage: PART=... bash session.sh OUT_DIR
 set -uo pipefail
@@ -11,7 +12,7 @@ export PYTHONUNBUFFERED=1
 pack() { tar czf "/tmp/all.tar.gz" -C "$out" . 2>/dev/null && mv /tmp/all.tar.gz "$out/"; }
 run() {  # run TREE NAME CMD...: CMD in TREE with PYTHONPATH=TREE, output to OUT/NAME.log
     local tree=$1 name=$2; shift 2
-    (cd "$tree" && PYTHONPATH=$PWD timeout 200 "$@") > "$out/$name.log" 2>&1
+    (cd "$tree" && PYTHONPATH=$PWD timeout "${LIMIT:-200}" "$@") > "$out/$name.log" 2>&1
     echo "$name: rc $? at ${SECONDS}s" >> "$out/summary.log"; pack
 }
 tree_dir() { [ "$1" = before ] && echo "$root/.before" || echo "$root"; }
@@ -32,11 +33,12 @@ if [ "${PART:?PART=tests or compare}" = tests ]; then
     done
     grep -H "host " "$out"/ar_*.log "$out"/op_*.log
 else
-    for tree in after before; do
-        run "$(tree_dir $tree)" "compare_$tree" python3 tools/compare_backends.py \
-            --out-dir "$out/compare_$tree" --world 4 --m 8192 --slices 1,4,8 \
-            --backends sdma,sdma_wht6 --reps 20 --warmup 3 --no-probe --no-png
-    done
+    LIMIT=420 run "$root" compare_after python3 tools/compare_backends.py --out-dir "$out/compare_after" \
+        --world 4 --m 8192,16384 --slices 1,4,8 --backends sdma,sdma_wht6 --reps 20 \
+        --warmup 3 --no-probe --timeline
+    run "$(tree_dir before)" compare_before python3 tools/compare_backends.py \
+        --out-dir "$out/compare_before" --world 4 --m 8192 --slices 1,4,8 --backends sdma \
+        --reps 20 --warmup 3 --no-probe --no-png
     for tree in before after; do echo "== $tree"; grep -v "^\[" "$out/compare_$tree.log" | sed -n 4,20p; done
 fi
 cat "$out/summary.log"
