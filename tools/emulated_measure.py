@@ -121,7 +121,8 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
                         case.reps, case.warmup)
     record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
     if case.timeline:
-        path, events = timeline.record(rt, xs[0], ops.weight, case.producer)
+        lead = timeline.LEAD_HOST_CALLS * record["t_ovl_host_ms"]
+        path, events = timeline.record(rt, xs[0], ops.weight, case.producer, lead_ms=lead)
         record["timeline"] = dict(timeline.summarize(events), path=path)
         record["timeline_events"] = events
     record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting

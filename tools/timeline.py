@@ -28,6 +28,7 @@ from typing import Sequence
 
 import torch
 
+import gpu_timing
 from overlap.op import check_inputs
 from overlap.runtime import OverlapRuntime
 from overlap.slicing import slice_bounds
@@ -41,11 +42,21 @@ def _event() -> torch.cuda.Event:
     return torch.cuda.Event(enable_timing=True)
 
 
-def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
-           producer: str) -> tuple[str, list[dict]]:
+#: the lead before a recorded call, in units of the untraced call's host time: a traced
+#: call enqueues two more events per step, so it costs the host more than the timed ones
+LEAD_HOST_CALLS = 3.0
+
+
+def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: str,
+           lead_ms: float = 0.0) -> tuple[str, list[dict]]:
     """GPU. One op call on ``rt`` with events; returns (path, events). Collective like the
     op (every rank calls it). ``path``: "sliced", or "unsliced" where the op runs GEMM then
-    one AR on the caller's stream (M below MIN_M, or a backend that is not pipelined)."""
+    one AR on the caller's stream (M below MIN_M, or a backend that is not pipelined).
+
+    ``lead_ms``: the stream sleeps that long first, so the host enqueues the call ahead of
+    the device as in the timed samples (``gpu_timing.event_times``); 0 starts the call on
+    an idle device, which then waits for the host at every step it has not reached. Times
+    are from the call's device start; a negative ``host_ms`` was enqueued during the sleep."""
     if not x.is_cuda:
         raise ValueError(f"timeline.record: x is on {x.device}; device events need a GPU")
     prod = check_inputs(x, weight, None, producer)
@@ -55,15 +66,17 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
     def begin() -> tuple[torch.cuda.Event, float]:
         return _event(), time.perf_counter()
 
-    torch.cuda.synchronize(device)  # an idle device: the origin runs as it is enqueued
+    torch.cuda.synchronize(device)  # an idle device: the origin, then the lead, run at once
     with rt.one_call_at_a_time():
         rows, cols = x.shape[0], weight.shape[0]
         backend = rt.backend
         sliced = rows >= rt.settings.min_m and backend.pipelined
         trace = backend.start_trace() if sliced else None
-        origin = _event()
+        origin, begun = _event(), _event()
         origin.record()
         host_origin = time.perf_counter()
+        gpu_timing.device_lead(lead_ms)
+        begun.record()
         out = torch.empty((rows, cols), dtype=x.dtype, device=device)
         prepared = prod.prepare(x, weight, None, rt.scratch)
         if not sliced:
@@ -114,6 +127,10 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
               for lane, s, start, end, host in spans]
     if trace is not None:
         events += trace.spans(origin, host_origin)
+    slept = origin.elapsed_time(begun)  # the lead: every time is moved back by it
+    for e in events:
+        for k in ("start_ms", "end_ms", "host_ms"):
+            e[k] -= slept
     return ("sliced" if sliced else "unsliced"), events
 
 

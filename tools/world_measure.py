@@ -189,7 +189,8 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
         record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
         if case.timeline:
             world.memory.barrier()
-            path, events = timeline.record(rt, x, w, case.producer)
+            lead = timeline.LEAD_HOST_CALLS * record["t_ovl_host_ms"]
+            path, events = timeline.record(rt, x, w, case.producer, lead_ms=lead)
             record["timeline"] = dict(timeline.summarize(events), path=path)
             record["timeline_events"] = events
     else:
