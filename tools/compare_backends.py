@@ -149,7 +149,7 @@ def header(kind: str, label: str, size: int, device: str) -> dict:
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
-            # GPU timing: calls back to back per sample, the host one call ahead (gpu_timing)
+            # GPU timing: per-call time of this many calls behind a first one (gpu_timing)
             "calls_per_sample": 1 if kind == "cpu-shm" else gpu_timing.CALLS_PER_SAMPLE}
 
 
@@ -215,8 +215,8 @@ def print_header(hdr: dict) -> None:
           f"hip {hdr['hip']}, {hdr['date']}")
     print(f"# command: {hdr['command']}")
     if hdr.get("calls_per_sample", 1) > 1:
-        print(f"# timing: medians of samples of {hdr['calls_per_sample']} calls back to back "
-              "(device events, the host one call ahead), per call", flush=True)
+        print(f"# timing: medians of samples, each the per-call device time of "
+              f"{hdr['calls_per_sample']} calls behind a first (device events)", flush=True)
 
 
 def baseline_of(hdr: dict) -> str:

@@ -1,8 +1,7 @@
 """GPU timing primitives shared by the measurement modes: events, L2 rotation, contention.
 
 Every time is a median of device-event times over ``reps`` samples after ``warmup``
-calls, a sample being a few calls back to back with the host one call ahead
-(:func:`event_times`);
+calls, a sample being the per-call time of a few calls back to back (:func:`event_times`);
 inputs rotate among enough copies that the set exceeds the L2 several times (the
 H200's L2 is 60 MB), so no call reads what the previous one left in cache.
 """
@@ -30,10 +29,8 @@ def copies_for(t: torch.Tensor) -> int:
     return max(2, math.ceil(ROTATE_BYTES / max(1, t.numel() * t.element_size())))
 
 
-#: calls timed back to back per sample: a sample is their device time divided by this, so
-#: a call whose host enqueue outlasts its device time shows up (the device waits for the
-#: host), as it would in a stream of layers, while one call's start-up latency is not
-#: counted (:func:`event_times`)
+#: calls timed back to back per sample, after one untimed call that absorbs the start
+#: (:func:`event_times`)
 CALLS_PER_SAMPLE = 4
 #: the device lead before a sample, in units of one call's host time (warm-up median)
 LEAD_CALLS = 1.5
@@ -64,16 +61,17 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
                 before: Callable[[], None] | None = None,
                 host_ms: list[float] | None = None,
                 calls: int = CALLS_PER_SAMPLE) -> list[float]:
-    """Device time in ms of one ``fn(i)``, one sample per ``reps``: ``calls`` calls back to
-    back between two events, divided by ``calls`` (i runs on over the calls).
+    """Device time in ms of one ``fn(i)`` in a stream of calls, one sample per ``reps``.
 
-    The host is kept one call ahead, as in a model where the previous layer's device
-    work covers this call's enqueue: before each sample's start event the stream sleeps
-    :data:`LEAD_CALLS` times one call's host time (warm-up median). The first call's
-    start-up latency is then not timed; a call whose host time exceeds its device time
-    still is (the device runs dry during the later calls). ``before()`` (e.g. a barrier
-    across ranks) runs untimed ahead of every sample. ``host_ms``: also append each
-    sample's host time per call (the Python calls that enqueue it)."""
+    A sample is ``calls + 1`` calls back to back with an event after each; its time is
+    from the end of the first call to the end of the last, divided by ``calls``: each
+    call then runs behind another, as a layer's op does in a model, and each interval
+    is max(device time, host time) of one call, so a call whose host enqueue outlasts
+    its device time shows up. The first call absorbs the start: before it the stream
+    sleeps :data:`LEAD_CALLS` times one call's host time (warm-up median), so the host
+    is ahead from the start. ``before()`` (e.g. a barrier across ranks) runs untimed
+    ahead of every sample. ``host_ms``: also append each sample's host time per timed
+    call (the Python calls that enqueue it)."""
     warm_host = []
     for i in range(warmup):
         t0 = time.perf_counter()
@@ -86,17 +84,18 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
     for rep in range(reps):
         if before is not None:
             before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
         device_lead(lead)
-        start.record()
+        fn(rep * (calls + 1))
+        ends[0].record()
         t0 = time.perf_counter()
-        for k in range(calls):
-            fn(rep * calls + k)
+        for k in range(1, calls + 1):
+            fn(rep * (calls + 1) + k)
+            ends[k].record()
         if host_ms is not None:
             host_ms.append((time.perf_counter() - t0) * 1e3 / calls)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
+        ends[-1].synchronize()
+        samples.append(ends[0].elapsed_time(ends[-1]) / calls)
     return samples
 
 
