@@ -268,12 +268,15 @@ def test_fast_launch_keys_apart_everything_triton_specializes_on():
     from backends.kernels.fast_launch import _arg_class
     from backends.kernels.pointers import Address
 
-    ints = [1, 2, 15, 16, 32, 2 ** 31 - 16, 2 ** 31, -(2 ** 31), -(2 ** 31) - 16]
+    ints = [1, 2, 15, 16, 32, 2 ** 31 - 16, 2 ** 31, -(2 ** 31), -(2 ** 31) - 16, 2 ** 63]
     classes = [_arg_class(v) for v in ints]
-    # 1 alone; multiples of 16 apart from the rest; 64-bit values apart from 32-bit ones
+    # 1 alone; multiples of 16 apart from the rest; i32, i64 and u64 apart
     assert classes[0] != classes[1] and classes[1] == classes[2]
     assert classes[3] == classes[4] == classes[5] != classes[2]
     assert classes[6] != classes[5] and classes[7] == classes[5] and classes[8] != classes[7]
+    assert classes[9] != classes[6] and classes[9] != classes[5]
+    # a constexpr parameter is specialized on its value
+    assert _arg_class(1024, constexpr=True) != _arg_class(2048, constexpr=True)
     aligned, odd = Address(1 << 20, torch.bfloat16), Address((1 << 20) + 2, torch.bfloat16)
     assert _arg_class(aligned) != _arg_class(odd)
     assert _arg_class(aligned) != _arg_class(Address(1 << 20, torch.float16))

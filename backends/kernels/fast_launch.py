@@ -10,12 +10,23 @@ compiled kernel once per key through Triton's own ``warmup`` (which compiles or 
 up without launching) and from then on calls its launcher directly, with each pointer
 passed as an int.
 
-The key is at least as fine as Triton's: per argument, for a pointer (anything with
-``data_ptr()`` and ``dtype``: tensors, :class:`backends.kernels.pointers.Address`) its
-dtype and whether it is 16-byte aligned; for an int whether it is 1, whether 16 divides
-it and its width (32 or 64 bit); anything else by value; plus the grid, the keywords
-and the device. A call whose arguments differ in any of these gets its own entry, so
-it never runs a variant compiled for other arguments.
+The key is at least as fine as Triton's: per positional argument, for a constexpr
+parameter its value; for a pointer (anything with ``data_ptr()`` and ``dtype``:
+tensors, :class:`backends.kernels.pointers.Address`) its dtype and whether it is
+16-byte aligned; for an int whether it is 1, whether 16 divides it and its type (i32,
+i64 or u64, by range); anything else by type and value; the keywords (constexprs and
+launch options) by name, type and value; plus the device. Not the grid: the launch
+passes it, so a kernel whose grid follows the row count keeps one entry per variant,
+not one per shape. A call that differs in any keyed property gets its own entry, so it
+never runs a variant compiled for other arguments. (Checked against Triton 3.6's binder
+and specializer on the project's kernels: the key never merged two of Triton's.)
+
+The first call of each key launches through Triton (``kernel[grid](...)``, which also
+checks that every pointer is device-accessible) and keeps the compiled kernel it
+returns; the later ones call that kernel's launcher as ``JITFunction.run`` does (launch
+hooks included). What they skip is per-call work that cannot change the variant here:
+argument binding, pre-run hooks (none are registered), the check that the kernel's
+globals have not changed, and the driver's query of each pointer.
 
 Under the Triton interpreter (``TRITON_INTERPRET=1``: CPU tensors, no compiled kernels)
 :func:`launch` is exactly ``kernel[grid](*args, **options)``.
@@ -23,6 +34,7 @@ Under the Triton interpreter (``TRITON_INTERPRET=1``: CPU tensors, no compiled k
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -30,15 +42,21 @@ import torch
 from backends import envs
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-#: (kernel, grid, argument classes, options, device) -> (the compiled kernel's runner,
-#: the constexpr values after the positional arguments)
-_runners: dict[tuple, Any] = {}
+#: (kernel, argument classes, keywords, device) -> (the compiled kernel, the values of the
+#: parameters after the positional arguments)
+_compiled: dict[tuple, Any] = {}
 
 
-def _arg_class(a: Any) -> Any:
+@functools.cache
+def _constexpr_mask(kernel: Any) -> tuple[bool, ...]:
+    """Which of ``kernel``'s parameters are ``tl.constexpr`` (specialized by value)."""
+    return tuple(p.is_constexpr for p in kernel.params)
+
+
+def _arg_class(a: Any, constexpr: bool = False) -> Any:
     """What Triton specializes an argument on (module doc), as a hashable value."""
-    if type(a) is int:  # noqa: E721  (bool is an int subclass and keyed by value below)
-        return (a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31)
+    if type(a) is int and not constexpr:  # noqa: E721  (bools are keyed by type and value)
+        return (a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a >= 2 ** 63)
     ptr = getattr(a, "data_ptr", None)
     if ptr is not None:
         return (a.dtype, ptr() % 16 == 0)
@@ -48,25 +66,35 @@ def _arg_class(a: Any) -> Any:
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, stream: int | None = None,
            **options: Any) -> None:
     """``kernel[grid](*args, **options)`` on ``stream`` (a raw handle; default the current
-    stream of the current device), launched by address after the first call of its key."""
+    stream of the current device), through the compiled kernel after the first call of
+    its key (module doc). ``options`` are constexprs and launch options (no tensors)."""
     if envs.triton_interpreter():
         kernel[grid](*args, **options)
         return
     device = torch.cuda.current_device()
-    grid = (*grid, 1, 1)[:3]  # the compiled kernel's runner reads three grid dimensions
-    key = (kernel, grid, tuple(map(_arg_class, args)), tuple(options.items()), device)
-    entry = _runners.get(key)
-    if entry is None:
-        compiled = kernel.warmup(*args, grid=grid, **options)
-        # The launcher takes every parameter in order, constexprs included (as
-        # JITFunction.run passes them): the ones after the positional arguments come
-        # from the keywords or their defaults.
-        tail = tuple(options[p.name] if p.name in options else p.default
-                     for p in kernel.params[len(args):])
-        entry = _runners[key] = (compiled[grid], tail)  # loads the module if not loaded
-    run, tail = entry
     if stream is None:
         stream = (_RAW_STREAM(device) if _RAW_STREAM is not None
                   else torch.cuda.current_stream(device).cuda_stream)
-    run(*[a if type(a) is int or not hasattr(a, "data_ptr") else a.data_ptr() for a in args],
-        *tail, stream=stream)
+    key = (kernel, tuple(map(_arg_class, args, _constexpr_mask(kernel))),
+           tuple((k, type(v), v) for k, v in options.items()), device)
+    entry = _compiled.get(key)
+    if entry is None:
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+            compiled = kernel[grid](*args, **options)
+        # The launcher takes every parameter in order, constexprs included (as
+        # JITFunction.run passes them): those after the positional arguments come from
+        # the keywords or their defaults.
+        tail = tuple(options[p.name] if p.name in options else p.default
+                     for p in kernel.params[len(args):])
+        _compiled[key] = (compiled, tail)
+        return
+    from triton import knobs  # loaded with the compiled kernel; not at import (CPU installs)
+
+    compiled, tail = entry
+    bound = [a if type(a) is int or not hasattr(a, "data_ptr") else a.data_ptr() for a in args]
+    bound.extend(tail)
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    # What JITFunction.run does once it has the compiled kernel (Triton 3.x).
+    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata((g0, g1, g2), stream, *bound),
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound)
