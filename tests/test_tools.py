@@ -167,13 +167,16 @@ def test_derived_figures_and_missing_inputs():
     assert d["link_gbs"] is None and d["link_efficiency"] is None
 
 
-def test_contention_record_uses_spread_over_gemm_alone():
+def test_contention_record_is_a_ratio_of_means_over_phases():
     # one phase in five meets the reduce: the mean keeps it, a median would not
-    r = gpu_timing.contention_record([1.0, 1.0, 1.0, 1.0, 1.5] * 4, t_gemm=1.0)
-    assert r["contention"] == pytest.approx(r["t_gemm_concurrent_ms"]) == pytest.approx(1.1)
-    assert r["contention_max"] == pytest.approx(1.5)
-    r = gpu_timing.contention_record([2.0, 2.2, 2.4, 2.6, 2.8] * 4, t_gemm=2.0)
-    assert r["contention"] == pytest.approx(1.2)
+    alone = [1.0] * 20
+    r = gpu_timing.contention_record((alone, [1.0, 1.0, 1.0, 1.0, 1.5] * 4))
+    assert r["contention"] == pytest.approx(1.1) and r["contention_max"] == pytest.approx(1.5)
+    assert r["t_gemm_concurrent_ms"] == pytest.approx(1.1) and r["t_gemm_gated_ms"] == 1.0
+    # the same GEMM alone is the denominator, phase by phase for the worst one
+    r = gpu_timing.contention_record(([2.0, 2.5] * 10, [2.2, 2.5] * 10))
+    assert r["contention"] == pytest.approx(4.7 / 4.5) and r["contention_max"] == pytest.approx(1.1)
+    r = gpu_timing.contention_record(([2.0] * 20, [2.0, 2.2, 2.4, 2.6, 2.8] * 4))
     assert r["contention_spread"] == pytest.approx(r["t_gemm_concurrent_spread_ms"] / 2.0)
     assert r["contention_reps"] == 20 == gpu_timing.CONTENTION_MIN_REPS
 

@@ -113,7 +113,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
                                                "ovl": ovl},
         lambda fn: gpu_timing.device_and_host_ms(fn, case.reps, case.warmup))
     record.update(gpu_timing.contention_record(gpu_timing.contention_times(
-        gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup), times["gemm"]))
+        gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
     record["schedule"] = slice_schedule(backend, case, case.slices, y.dtype)
     # A fresh world: the probe's pinned buffers go with it, not with the backends' group.

@@ -69,7 +69,9 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
     is max(device time, host time) of one call, so a call whose host enqueue outlasts
     its device time shows up. The first call absorbs the start: before it the stream
     sleeps :data:`LEAD_CALLS` times one call's host time (warm-up median), so the host
-    is ahead from the start. ``before()`` (e.g. a barrier across ranks) runs untimed
+    is ahead from the start; that head start would hide part of a host-bound call's
+    time, so a sample is the larger of the per-call device time and the per-call host
+    time of the timed calls (the rate a long stream of them runs at). ``before()`` (e.g. a barrier across ranks) runs untimed
     ahead of every sample. ``host_ms``: also append each sample's host time per timed
     call (the Python calls that enqueue it)."""
     warm_host = []
@@ -92,10 +94,14 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
         for k in range(1, calls + 1):
             fn(rep * (calls + 1) + k)
             ends[k].record()
+        host = (time.perf_counter() - t0) * 1e3 / calls
         if host_ms is not None:
-            host_ms.append((time.perf_counter() - t0) * 1e3 / calls)
+            host_ms.append(host)
         ends[-1].synchronize()
-        samples.append(ends[0].elapsed_time(ends[-1]) / calls)
+        # The host had a head start (the lead and the first call's device time), so
+        # where it is the slower side the events alone would understate a call: a stream
+        # of calls runs at the slower of the two rates.
+        samples.append(max(ends[0].elapsed_time(ends[-1]) / calls, host))
     return samples
 
 
@@ -142,31 +148,39 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
 
 
 def contention_times(gemm: Callable[[int], None], ar: Callable[[int], None], t_gemm: float,
-                     t_ar: float, reps: int, warmup: int) -> list[float]:
-    """Device times of ``gemm`` while ``ar`` runs back to back beside it, over
-    max(reps, CONTENTION_MIN_REPS) repeats whose GEMM starts at evenly spread points of
-    one AR call (phase k/reps of ``t_ar``): an AR's parts differ in what they take from
+                     t_ar: float, reps: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Device times of ``gemm`` alone and while ``ar`` runs back to back beside it, each
+    over max(reps, CONTENTION_MIN_REPS) repeats whose GEMM starts at evenly spread points
+    of one AR call (phase k/reps of ``t_ar``): an AR's parts differ in what they take from
     a GEMM (the copies little, its reduce kernel more), so one fixed start point would
-    measure one part only, and which part would depend on the host's enqueue speed.
-    ``t_gemm``/``t_ar`` (medians alone, ms) size the AR calls to outlast every phase."""
+    measure one part only, and which part would depend on the host's enqueue speed. The
+    GEMM alone runs the same way (the gate, the sleep, one call): a GEMM after an idle
+    gap runs at a higher clock than GEMMs back to back (seen on the H200: "contention"
+    0.87-0.96x against the back-to-back median), so only like against like is a ratio
+    of the AR's effect. ``t_gemm``/``t_ar`` (medians, ms) size the AR calls to outlast
+    every phase."""
     reps = max(reps, CONTENTION_MIN_REPS)
     side_calls = max(2, math.ceil((t_ar + t_gemm) / t_ar) + 1)
     phases = [t_ar * k / reps for k in range(reps)]
-    return concurrent_times(gemm, ar, side_calls, reps, warmup, phases)
+    alone = concurrent_times(gemm, ar, 0, reps, warmup, phases)
+    return alone, concurrent_times(gemm, ar, side_calls, reps, warmup, phases)
 
 
-def contention_record(samples: list[float], t_gemm: float) -> dict:
-    """The record's contention keys from :func:`contention_times`'s samples (one per
-    phase): ``contention`` is their MEAN over T_gemm alone (the expected slowdown of a
-    GEMM overlapping a random point of the AR; a median would drop the phases that meet
-    the reduce kernel), ``contention_spread`` half their IQR, ``contention_max`` the worst."""
-    mean = statistics.fmean(samples)
-    _, spread = metrics.median_and_spread(samples)
-    return {"t_gemm_concurrent_ms": mean, "t_gemm_concurrent_spread_ms": spread,
-            "contention": metrics.contention(mean, t_gemm),
-            "contention_spread": metrics.contention_spread(spread, t_gemm),
-            "contention_max": metrics.contention(max(samples), t_gemm),
-            "contention_reps": len(samples)}
+def contention_record(samples: tuple[list[float], list[float]]) -> dict:
+    """The record's contention keys from :func:`contention_times`'s (alone, beside)
+    samples, one per phase: ``contention`` is the ratio of their MEANS (the expected
+    slowdown of a GEMM overlapping a random point of the AR; a median would drop the
+    phases that meet the reduce kernel), ``contention_spread`` half the IQR of the
+    GEMM beside the AR over the GEMM alone, ``contention_max`` the worst phase's ratio."""
+    alone, beside = samples
+    t_alone, t_beside = statistics.fmean(alone), statistics.fmean(beside)
+    _, spread = metrics.median_and_spread(beside)
+    return {"t_gemm_gated_ms": t_alone, "t_gemm_concurrent_ms": t_beside,
+            "t_gemm_concurrent_spread_ms": spread,
+            "contention": metrics.contention(t_beside, t_alone),
+            "contention_spread": metrics.contention_spread(spread, t_alone),
+            "contention_max": max(b / a for a, b in zip(alone, beside)),
+            "contention_reps": len(beside)}
 
 
 def median_ms(samples: list[float]) -> tuple[float, float]:

@@ -184,7 +184,7 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     if world.device.type == "cuda":
         world.memory.barrier()
         record.update(gpu_timing.contention_record(gpu_timing.contention_times(
-            gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup), times["gemm"]))
+            gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
         gbs = link.link_gbs(world, record["wire_bytes"], slices, case.reps, case.warmup)
         record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
         if case.timeline:
