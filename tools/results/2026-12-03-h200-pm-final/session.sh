@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Device call of 2026-12-03 ~12:45: the final tree (by-address host path, fast launches,
+# samples of 4 calls behind a first, contention over phases against the gated GEMM).
+# Usage: bash session.sh OUT_DIR
+set -uo pipefail
+out=${1:?OUT_DIR}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+pack() { tar czf "/tmp/all.tar.gz" -C "$out" . 2>/dev/null && mv /tmp/all.tar.gz "$out/"; }
+timeout 330 python3 tools/compare_backends.py --out-dir "$out/compare" --world 4 \
+    --m 8192,16384 --slices 1,4,8 --backends sdma,sdma_wht6 --reps 20 --warmup 3 --no-probe \
+    --timeline > "$out/compare.log" 2>&1
+echo "compare: rc $? at ${SECONDS}s" >> "$out/summary.log"; pack
+timeout 120 python3 tools/compare_backends.py --out-dir "$out/compare_oneshot" --world 4 \
+    --m 8192 --slices 4 --backends oneshot_wht6 --reps 20 --warmup 3 --no-probe --no-png \
+    > "$out/compare_oneshot.log" 2>&1
+echo "compare_oneshot: rc $? at ${SECONDS}s" >> "$out/summary.log"; pack
+cat "$out/summary.log"; grep -v "^\[" "$out/compare.log" | sed -n 4,22p
+grep -v "^\[" "$out/compare_oneshot.log" | sed -n 5,9p
