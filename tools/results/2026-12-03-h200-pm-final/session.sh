@@ -6,6 +6,27 @@ set -uo pipefail
 out=${1:?OUT_DIR}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 pack() { tar czf "/tmp/all.tar.gz" -C "$out" . 2>/dev/null && mv /tmp/all.tar.gz "$out/"; }
+# Does an event recorded on torch.cuda.ExternalStream(<the current stream's raw handle>)
+# (what the step trace and CopyEngine.stream do) wait for a kernel on the current stream?
+timeout 60 python3 - > "$out/stream_check.log" 2>&1 <<'PY'
+import torch
+from backends.interface import current_stream_handle
+dev = torch.device("cuda", 0)
+handle = current_stream_handle(dev)
+ext = torch.cuda.ExternalStream(handle, device=dev)
+a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+torch.cuda._sleep(1000)
+torch.cuda.synchronize()
+a.record()
+torch.cuda._sleep(20_000_000)
+b.record(ext)
+c.record()
+torch.cuda.synchronize()
+print(f"raw handle {handle:#x}, torch current {torch.cuda.current_stream(dev).cuda_stream:#x}, "
+      f"ExternalStream {ext.cuda_stream:#x}: event on it {a.elapsed_time(b):.3f} ms after "
+      f"the start, on torch's stream {a.elapsed_time(c):.3f} ms (a sleep of ~10 ms between)")
+PY
+echo "stream_check: rc $? at ${SECONDS}s" >> "$out/summary.log"; cat "$out/stream_check.log" >> "$out/summary.log"
 timeout 330 python3 tools/compare_backends.py --out-dir "$out/compare" --world 4 \
     --m 8192,16384 --slices 1,4,8 --backends sdma,sdma_wht6 --reps 20 --warmup 3 --no-probe \
     --timeline > "$out/compare.log" 2>&1
