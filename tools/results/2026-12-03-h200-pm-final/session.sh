@@ -22,6 +22,16 @@ torch.cuda._sleep(20_000_000)
 b.record(ext)
 c.record()
 torch.cuda.synchronize()
+# and a flag write through the CUDA Python bindings on the same handle (as the transport)
+from backends.copy_engine import cuda_device_pointer, cuda_write_value
+flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+torch.cuda._sleep(20_000_000)
+cuda_write_value(handle, cuda_device_pointer(flag.data_ptr()), 7)
+import time; time.sleep(0.002)
+early = int(flag[0])
+torch.cuda.synchronize()
+print(f"flag write on the raw handle behind a ~10 ms sleep: read {early} 2 ms after "
+      f"enqueue (7: it did not wait for the sleep), {int(flag[0])} after a sync")
 print(f"raw handle {handle:#x}, torch current {torch.cuda.current_stream(dev).cuda_stream:#x}, "
       f"ExternalStream {ext.cuda_stream:#x}: event on it {a.elapsed_time(b):.3f} ms after "
       f"the start, on torch's stream {a.elapsed_time(c):.3f} ms (a sleep of ~10 ms between)")
