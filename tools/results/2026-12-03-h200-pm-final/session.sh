@@ -45,5 +45,13 @@ timeout 120 python3 tools/compare_backends.py --out-dir "$out/compare_oneshot" -
     --m 8192 --slices 4 --backends oneshot_wht6 --reps 20 --warmup 3 --no-probe --no-png \
     > "$out/compare_oneshot.log" 2>&1
 echo "compare_oneshot: rc $? at ${SECONDS}s" >> "$out/summary.log"; pack
+# The reduce's CTA budget under the phase-spread contention (0 = two per SM = 264)
+for ctas in 33 132 528; do
+    RADIANCE_AR_SDMA_REDUCE_CTAS=$ctas timeout 60 python3 tools/compare_backends.py \
+        --out-dir "$out/ctas_$ctas" --world 4 --m 8192 --slices 4 --backends sdma --reps 20 \
+        --warmup 3 --no-probe --no-png > "$out/ctas_$ctas.log" 2>&1
+    echo "ctas $ctas: rc $? at ${SECONDS}s" >> "$out/summary.log"; pack
+done
 cat "$out/summary.log"; grep -v "^\[" "$out/compare.log" | sed -n 4,22p
 grep -v "^\[" "$out/compare_oneshot.log" | sed -n 5,9p
+for ctas in 33 132 528; do grep "sdma " "$out/ctas_$ctas.log" | head -1; done
