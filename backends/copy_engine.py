@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from backends.interface import stream_object
+
 MASK32 = 0xFFFFFFFF
 MASK64 = 0xFFFFFFFFFFFFFFFF
 #: hipMemcpyKind value of hipMemcpyDeviceToDeviceNoCU (hip_runtime_api.h)
@@ -298,7 +300,7 @@ class CopyEngine:
         that a call of the transport paid at every event it recorded."""
         found = self._streams.get(handle)
         if found is None:
-            found = self._streams[handle] = torch.cuda.ExternalStream(handle, device=self.device)
+            found = self._streams[handle] = stream_object(handle, self.device)
         return found
 
     # The stream memory operations are bound per platform at construction (below): a

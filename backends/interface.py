@@ -86,6 +86,18 @@ def current_stream_handle(device: torch.device) -> int:
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def stream_object(handle: int, device: torch.device) -> torch.cuda.Stream:
+    """The torch stream object of a raw stream handle on ``device`` (to record events on
+    it, make it current, wait on it). Handle 0 is the default stream, and
+    ``torch.cuda.ExternalStream(0)`` is NOT that stream: torch reads a zero pointer as
+    "none given" and hands out a new stream from its pool, so events recorded there run
+    ahead of the default stream's work (seen on an H200: step-trace events fired as the
+    host enqueued them, ahead of a sleep on the default stream)."""
+    if handle == 0:
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(handle, device=device)
+
+
 def copy_unless_same(src: torch.Tensor, dst: torch.Tensor) -> None:
     """``dst[...] = src`` unless both are the same memory (an in-place call)."""
     if dst.data_ptr() != src.data_ptr():

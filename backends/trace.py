@@ -19,6 +19,8 @@ from typing import Iterator
 
 import torch
 
+from backends.interface import stream_object
+
 
 class StepTrace:
     """Spans ``(lane, label, slice, start event, end event, host enqueue time)``."""
@@ -31,11 +33,11 @@ class StepTrace:
         #: the op slice the next steps belong to (set by the caller of the backend)
         self.slice = 0
         self._spans: list[tuple[str, str, int, torch.cuda.Event, torch.cuda.Event, float]] = []
-        self._streams: dict[int, torch.cuda.ExternalStream] = {}
+        self._streams: dict[int, torch.cuda.Stream] = {}
 
-    def _stream(self, handle: int) -> torch.cuda.ExternalStream:
+    def _stream(self, handle: int) -> torch.cuda.Stream:
         if handle not in self._streams:
-            self._streams[handle] = torch.cuda.ExternalStream(handle, device=self.device)
+            self._streams[handle] = stream_object(handle, self.device)
         return self._streams[handle]
 
     @contextlib.contextmanager

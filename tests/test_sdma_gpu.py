@@ -159,6 +159,29 @@ def test_reduce_by_address_mixes_variants_without_reusing_the_wrong_one():
         assert torch.isnan(out[shift % 8 + n:].float()).all(), "wrote past its output"
 
 
+def test_the_default_streams_handle_maps_to_the_default_stream():
+    """Handle 0 (a caller on the default stream): the engine's and the step trace's stream
+    objects must be the default stream itself. ``torch.cuda.ExternalStream(0)`` is a new
+    pool stream, on which the publish lane's and the call-end events would not wait for
+    the caller's work."""
+    from backends.copy_engine import CopyEngine
+    from backends.interface import current_stream_handle
+    from backends.trace import StepTrace
+
+    with torch.cuda.stream(torch.cuda.default_stream(DEV)):
+        handle = current_stream_handle(DEV)
+        assert handle == 0
+        trace = StepTrace(DEV, {})
+        for stream in (CopyEngine(DEV).stream(handle), trace._stream(handle)):
+            assert stream == torch.cuda.default_stream(DEV)
+            start, after = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            torch.cuda._sleep(20_000_000)  # about 10 ms
+            after.record(stream)
+            torch.cuda.synchronize()
+            assert start.elapsed_time(after) > 2.0, "the event did not wait for the sleep"
+
+
 def test_transport_needs_no_compute_units():
     from diagnostics import cu_free_check
 

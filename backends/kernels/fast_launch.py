@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from backends import envs
+from backends.interface import stream_object
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 #: (kernel, argument classes, keywords, device) -> (the compiled kernel, the values of the
@@ -79,7 +80,7 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, stream: int | None = 
            tuple((k, type(v), v) for k, v in options.items()), device)
     entry = _compiled.get(key)
     if entry is None:
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+        with torch.cuda.stream(stream_object(stream, torch.device("cuda", device))):
             compiled = kernel[grid](*args, **options)
         # The launcher takes every parameter in order, constexprs included (as
         # JITFunction.run passes them): those after the positional arguments come from

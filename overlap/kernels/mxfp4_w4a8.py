@@ -51,6 +51,7 @@ from typing import Any, Iterator
 import torch
 
 from backends import envs
+from backends.interface import stream_object
 
 MX_GROUP = 32  # K values sharing one e8m0 scale (the MX block size)
 X_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
@@ -291,7 +292,7 @@ def _check(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: tor
                          f"strides {out.stride()}")
 
 
-_external_streams: dict[tuple[torch.device, int], torch.cuda.ExternalStream] = {}
+_external_streams: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
 
 
 @contextlib.contextmanager
@@ -307,7 +308,7 @@ def _on_stream(device: torch.device, stream: int | None) -> Iterator[None]:
         if stream is not None and stream != torch.cuda.current_stream(device).cuda_stream:
             key = (device, stream)
             if key not in _external_streams:
-                _external_streams[key] = torch.cuda.ExternalStream(stream, device=device)
+                _external_streams[key] = stream_object(stream, device)
             stack.enter_context(torch.cuda.stream(_external_streams[key]))
         yield
 

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Device call of 2026-12-03 ~12:45: the final tree (by-address host path, fast launches,
-# samples of 4 calls behind a first, contention over phases against the gated GEMM).
+# Device call of 2026-12-03 ~13:20: the final tree (by-address host path, fast launches,
+# samples of 4 calls behind a first, contention over phases against the gated GEMM, the
+# default stream's handle mapped to the default stream): GPU tests of sdma, the op and
+# sdma_wht6; the stream check; compares; the reduce's CTA budget.
 # Usage: bash session.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 pack() { tar czf "/tmp/all.tar.gz" -C "$out" . 2>/dev/null && mv /tmp/all.tar.gz "$out/"; }
+for f in tests/test_sdma_gpu.py tests/test_gpu_op.py tests/test_sdma_wht6_gpu.py; do
+    timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" \
+        > "$out/t_$(basename "$f" .py).log" 2>&1
+    echo "$f: $(tail -1 "$out/t_$(basename "$f" .py).log") (${SECONDS}s)" >> "$out/summary.log"; pack
+done
 # Does an event recorded on torch.cuda.ExternalStream(<the current stream's raw handle>)
 # (what the step trace and CopyEngine.stream do) wait for a kernel on the current stream?
 timeout 60 python3 - > "$out/stream_check.log" 2>&1 <<'PY'
