@@ -46,6 +46,9 @@ CUDA graph would replay stale epochs: the backends built on this are not capture
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from backends import passive_peers
@@ -104,6 +107,9 @@ class CopyTransport:
         self.pulled_bytes = 0
         #: events around each step of a call (GPU; :meth:`start_trace`)
         self.trace: StepTrace | None = None
+        #: where a default-stream caller's calls run (:meth:`call_stream`)
+        self._own_stream = (torch.cuda.Stream(world.device)
+                            if size > 1 and world.device.type == "cuda" else None)
 
     # ------------------------------------------------------------------ buffers
 
@@ -144,6 +150,29 @@ class CopyTransport:
             raise ValueError(f"{self.owner}.all_reduce: a slice of {nbytes} B exceeds the "
                              f"capacity of {self.capacity} B: call ensure_capacity first")
         return nbytes
+
+    @contextlib.contextmanager
+    def call_stream(self) -> Iterator[int]:
+        """The raw handle a call's steps are enqueued on: the caller's current stream,
+        except the default stream (handle 0). The CUDA Python bindings' stream operations
+        given handle 0 were seen NOT to wait for work on torch's default stream (H200, a
+        flag write behind a 10 ms sleep landed within 2 ms:
+        tools/results/2026-12-03-h200-pm-final/stream_check.log), so a call from the default
+        stream runs on this rank's own stream instead, made current for the kernels launched
+        inside, ordered after the caller's work so far and the caller's later work after it
+        (torch stream waits)."""
+        device = self.world.device
+        handle = current_stream_handle(device)
+        if handle != 0 or device.type != "cuda":
+            yield handle
+            return
+        caller, own = torch.cuda.default_stream(device), self._own_stream
+        own.wait_stream(caller)
+        try:
+            with torch.cuda.stream(own):
+                yield own.cuda_stream
+        finally:
+            caller.wait_stream(own)
 
     def source(self, buffer: str = "pub") -> torch.Tensor:
         """Where this rank writes the bytes it publishes in ``buffer`` (``"pub"`` or
@@ -248,7 +277,8 @@ class CopyTransport:
         """Before buffers are replaced: every peer read done, every enqueued call finished."""
         if self.signals is None or not self._pending:
             return
-        self.fence(0, self.capacity, current_stream_handle(self.world.device))
+        with self.call_stream() as stream:
+            self.fence(0, self.capacity, stream)
         self.check()
 
     # ------------------------------------------------------------------ faults, timing
@@ -282,6 +312,8 @@ class CopyTransport:
         if self.world.device.type != "cuda" or self.world.size == 1:
             return None
         lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
+        if self._own_stream is not None:
+            lanes[self._own_stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
         if self.lane is not None:
             lanes[self.lane.handle] = "publish lane"
         self.trace = StepTrace(self.world.device, lanes)

@@ -31,7 +31,7 @@ import torch
 from backends.copy_engine import host_array
 from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
-                                current_stream_handle, refuse_growth_in_capture)
+                                refuse_growth_in_capture)
 from backends.peer_memory import typed_view
 from backends.registry import register
 from backends.sdma_schedule import auto_schedule, schedule_wire_bytes, shard_bounds
@@ -87,8 +87,7 @@ class SdmaBackend(TransportBackend):
         if self.signals is not None:
             self.signals.faults.refuse_if_faulted()
             try:
-                stream = current_stream_handle(self.world.device)
-                with traced(tr.trace, stream, "fence"):
+                with tr.call_stream() as stream, traced(tr.trace, stream, "fence"):
                     tr.fence(0, tr.capacity, stream)
             except BaseException as e:
                 self.signals.fail(e)
@@ -102,8 +101,7 @@ class SdmaBackend(TransportBackend):
             return
         tr = self.transport
         nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
-        stream = current_stream_handle(self.world.device)
-        with self.signals.call(self.signature(slice_in)) as t:
+        with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
             off, local = self._publish(t, slice_in, stream)
             if self.schedule_for(nbytes) == "oneshot":
                 tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
@@ -126,8 +124,7 @@ class SdmaBackend(TransportBackend):
             return []
         tr = self.transport
         nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
-        stream = current_stream_handle(self.world.device)
-        with self.signals.call(self.signature(slice_in)) as t:
+        with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
             off, _ = self._publish(t, slice_in, stream)
             ops = tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
             tr.finish(t, off, nbytes, stream)

@@ -70,7 +70,7 @@ import torch
 from backends import wht6
 from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
-                                current_stream_handle, refuse_growth_in_capture)
+                                refuse_growth_in_capture)
 from backends.registry import register
 from backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_schedule_wht6, row_shards,
                                     wht6_twoshot_wire_bytes)
@@ -179,8 +179,7 @@ class SdmaWht6Backend(TransportBackend):
         tr = self.transport
         shape = wht6.payload_shape(rows, cols)
         nbytes = tr.check_fits(shape[0] * shape[1])
-        stream = current_stream_handle(self.world.device)
-        with self.signals.call(self.signature(slice_in)) as t:
+        with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
             encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream)
             if self.schedule_for(nbytes) == "oneshot":
                 pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")

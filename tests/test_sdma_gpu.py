@@ -182,6 +182,38 @@ def test_the_default_streams_handle_maps_to_the_default_stream():
             assert start.elapsed_time(after) > 2.0, "the event did not wait for the sleep"
 
 
+@pytest.mark.parametrize("schedule", ["oneshot", "twoshot"])
+def test_a_rank_on_the_default_stream_reduces_what_that_stream_wrote(schedule, release):
+    """Rank 0 calls from the default stream, whose input is written behind a ~10 ms
+    sleep: the call must publish the written bytes, not what was there before (the
+    bindings' operations given handle 0 did not wait for the default stream's work)."""
+    rows, cols = 64, 256
+    bes = [SdmaBackend(w, BackendSettings(sdma_schedule=schedule))
+           for w in emulated_worlds(2, DEV)]
+    release.extend(bes)
+    for be in bes:
+        be.ensure_capacity(rows, cols, DT)
+    xs = [jobs.make_input(11, 0, r, rows, cols).to(DEV) for r in range(2)]
+    outs = [torch.full((rows, cols), float("nan"), dtype=DT, device=DEV) for _ in bes]
+    srcs = [be.acquire_input_view(rows, cols, DT) for be in bes]
+    srcs[0].fill_(float("nan"))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream(DEV)
+    with torch.cuda.stream(torch.cuda.default_stream(DEV)):
+        torch.cuda._sleep(20_000_000)
+        srcs[0].copy_(xs[0])
+        bes[0].all_reduce(srcs[0], outs[0])
+    with torch.cuda.stream(side):
+        srcs[1].copy_(xs[1])
+        bes[1].all_reduce(srcs[1], outs[1])
+    for be in bes:
+        be.check(5000)
+    torch.cuda.synchronize()
+    ref = jobs.bits(jobs.reference(11, 0, 2, rows, cols))
+    for r in range(2):
+        assert torch.equal(jobs.bits(outs[r].cpu()), ref), r
+
+
 def test_transport_needs_no_compute_units():
     from diagnostics import cu_free_check
 
