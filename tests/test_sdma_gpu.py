@@ -186,7 +186,7 @@ def test_the_default_streams_handle_maps_to_the_default_stream():
 def test_a_rank_on_the_default_stream_reduces_what_that_stream_wrote(schedule, release):
     """Rank 0 calls from the default stream, whose input is written behind a ~10 ms
     sleep: the call must publish the written bytes, not what was there before (the
-    bindings' operations given handle 0 did not wait for the default stream's work)."""
+    bindings' flag writes given handle 0 did not wait for the default stream's work)."""
     rows, cols = 64, 256
     bes = [SdmaBackend(w, BackendSettings(sdma_schedule=schedule))
            for w in emulated_worlds(2, DEV)]
