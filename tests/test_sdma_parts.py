@@ -284,3 +284,60 @@ def test_fast_launch_keys_apart_everything_triton_specializes_on():
     assert _arg_class(t) == _arg_class(Address(t.data_ptr(), t.dtype))
     assert _arg_class(True) != _arg_class(1) and _arg_class(True) != _arg_class(False)
     assert _arg_class(0.5) != _arg_class(1.5)
+
+
+def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
+    """CopyTransport.call_stream's GPU branch with stand-in streams (no GPU here): for a
+    caller on the default stream (handle 0) the steps go to the own stream, which first
+    waits for the caller, is current meanwhile, and the caller waits for it after, also
+    when the call raises. Another handle is used as it is."""
+    from backends import copy_transport
+
+    log = []
+
+    class FakeStream:
+        def __init__(self, name, handle):
+            self.name, self.cuda_stream = name, handle
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits {other.name}")
+
+    default, own = FakeStream("default", 0), FakeStream("own", 0x77)
+
+    class FakeContext:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            log.append(f"current {self.stream.name}")
+
+        def __exit__(self, *exc):
+            log.append(f"current back from {self.stream.name}")
+
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: default)
+    monkeypatch.setattr(torch.cuda, "stream", FakeContext)
+    handle = [0]
+    monkeypatch.setattr(copy_transport, "current_stream_handle", lambda device: handle[0])
+
+    class FakeWorld:
+        device = torch.device("cuda", 0)
+
+    class FakeTransport:
+        world, _own_stream = FakeWorld(), own
+        call_stream = copy_transport.CopyTransport.call_stream
+
+    tr = FakeTransport()
+    with tr.call_stream() as stream:
+        log.append(f"steps on {stream:#x}")
+    assert log == ["own waits default", "current own", "steps on 0x77",
+                   "current back from own", "default waits own"]
+    log.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        with tr.call_stream():
+            raise RuntimeError("boom")
+    assert log[-1] == "default waits own"
+    log.clear()
+    handle[0] = 0x55
+    with tr.call_stream() as stream:
+        assert stream == 0x55
+    assert log == []
