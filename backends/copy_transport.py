@@ -183,15 +183,18 @@ class CopyTransport:
             return stage
         return (self.pub if buffer == "pub" else self.red).local
 
+    def _recv_offset(self, peer: int) -> int:
+        """Where ``peer``'s private receive buffer starts in ``_recv`` (capacity bytes each)."""
+        return (peer - self.world.rank - 1) % self.world.size * self.capacity  # slot 0..W-2
+
     def recv_slot(self, peer: int, nbytes: int) -> torch.Tensor:
-        """The first ``nbytes`` of ``peer``'s private receive buffer (capacity bytes each)."""
-        k = (peer - self.world.rank - 1) % self.world.size  # 0..W-2
-        return self._recv[k * self.capacity:k * self.capacity + nbytes]
+        """The first ``nbytes`` of ``peer``'s private receive buffer."""
+        at = self._recv_offset(peer)
+        return self._recv[at:at + nbytes]
 
     def recv_address(self, peer: int) -> int:
         """The address of ``peer``'s private receive buffer (:meth:`recv_slot`, no view)."""
-        k = (peer - self.world.rank - 1) % self.world.size
-        return self._recv.data_ptr() + k * self.capacity
+        return self._recv.data_ptr() + self._recv_offset(peer)
 
     def local_address(self, buffer: str) -> int:
         """The address of this rank's part of ``buffer`` (``"pub"`` or ``"red"``)."""

@@ -71,17 +71,16 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
     sleeps :data:`LEAD_CALLS` times one call's host time (warm-up median), so the host
     is ahead from the start; that head start would hide part of a host-bound call's
     time, so a sample is the larger of the per-call device time and the per-call host
-    time of the timed calls (the rate a long stream of them runs at). ``before()`` (e.g. a barrier across ranks) runs untimed
-    ahead of every sample. ``host_ms``: also append each sample's host time per timed
+    time of the timed calls (the rate a long stream of them runs at). ``before()`` (e.g.
+    a barrier across ranks) runs untimed ahead of every sample. ``host_ms``: also append each sample's host time per timed
     call (the Python calls that enqueue it)."""
     warm_host = []
     for i in range(warmup):
         t0 = time.perf_counter()
         fn(i)
         warm_host.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # each warm-up call's host time alone, queue empty
     lead = LEAD_CALLS * statistics.median(warm_host) if warm_host else 0.0
-    torch.cuda.synchronize()
     samples = []
     for rep in range(reps):
         if before is not None:
@@ -112,7 +111,7 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
     another stream (sized by the caller to outlast it), one sample per repeat.
 
     Both streams are held by one event until the host has enqueued both (a device sleep
-    sized from the first warm-up's host time), so where ``main_fn`` lands in the side
+    of :data:`LEAD_CALLS` times the longest host time of a repeat so far), so where ``main_fn`` lands in the side
     work does not depend on how fast the host enqueues it: repeat k starts ``main_fn``
     ``phases_ms[k % len(phases_ms)]`` after the side work (a device sleep; default 0)."""
     side, gate = torch.cuda.Stream(), torch.cuda.Stream()
@@ -141,7 +140,7 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
         main.wait_stream(side)
         host_ms = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
-        lead = max(lead, 1.5 * host_ms + 0.2)  # the host enqueues all before the gate opens
+        lead = max(lead, LEAD_CALLS * host_ms)  # the host enqueues all before the gate opens
         if i >= warmup:
             samples.append(start.elapsed_time(end))
     return samples

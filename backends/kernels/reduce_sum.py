@@ -87,7 +87,8 @@ def reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
     if ctas is not None and (not isinstance(ctas, int) or isinstance(ctas, bool) or ctas < 1):
         raise ValueError(f"reduce_sum: ctas must be an int >= 1, got {ctas!r}")
     if out.numel():
-        _launch(list(inputs), out, also, out.numel(), None, ctas)
+        default = 2 * _sm_count(torch.cuda.current_device()) if out.is_cuda else 4
+        _launch(list(inputs), out, also, out.numel(), None, ctas or default)
 
 
 def launch_reduce(inputs: Sequence[int], out: int, also: int | None, n: int,
@@ -98,29 +99,21 @@ def launch_reduce(inputs: Sequence[int], out: int, also: int | None, n: int,
     there are no per-call tensor checks here (:func:`reduce_sum` is the checked entry)."""
     assert 1 <= len(inputs) <= MAX_INPUTS and n > 0, (len(inputs), n)
     _launch([Address(a, dtype) for a in inputs], Address(out, dtype),
-            None if also is None else Address(also, dtype), n, stream, ctas)
+            None if also is None else Address(also, dtype), n, stream,
+            ctas or 2 * _sm_count(torch.cuda.current_device()))
 
 
-def _launch(inputs: list, out: Any, also: Any, n: int, stream: int | None,
-            ctas: int | None) -> None:
+def _launch(inputs: list, out: Any, also: Any, n: int, stream: int | None, ctas: int) -> None:
     """Pick the variant (the fast one where every pointer is 16-byte aligned and n % 16
     == 0) and the grid, then launch (:mod:`backends.kernels.fast_launch`)."""
     from backends.kernels.fast_launch import launch
 
-    if ctas is None:
-        ctas = 2 * _sm_count(torch.cuda.current_device()) if _on_gpu(out) else 4
     ptrs = [*inputs, out] if also is None else [*inputs, out, also]
     aligned = n % 16 == 0 and not any(p.data_ptr() % 16 for p in ptrs)
     launch(_kernels()[0 if aligned else 1], (min(ctas, -(-n // BLOCK)),),
            *inputs, *[inputs[0]] * (MAX_INPUTS - len(inputs)), out,
            out if also is None else also, n, stream=stream, W=len(inputs),
            HAS_ALSO=also is not None, BLOCK=BLOCK, num_warps=NUM_WARPS)
-
-
-def _on_gpu(t: Any) -> bool:
-    """Whether ``t`` (a tensor or an Address) is GPU memory; Addresses come only from
-    the GPU path (:func:`launch_reduce`)."""
-    return not isinstance(t, torch.Tensor) or t.is_cuda
 
 
 def warm_up(world_size: int, dtype: torch.dtype, device: torch.device,
