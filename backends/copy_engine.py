@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,6 +197,44 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
     hip = _hip()
     _hip_ok("hipStreamWaitValue64", hip.hipStreamWaitValue64, stream, addr, value & MASK64,
             int(hip.hipStreamWaitValueEq if equal else hip.hipStreamWaitValueGte), MASK64)
+
+
+# --------------------------------------------------------------------------- streams
+
+#: cudaStreamNonBlocking / hipStreamNonBlocking (cuda_runtime_api.h, hip_runtime_api.h):
+#: no implicit synchronization with the legacy default stream, like torch's pool streams
+STREAM_NON_BLOCKING = 0x01
+
+
+def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
+    """A new non-blocking stream that no other stream of the process shares, destroyed
+    when the returned object is collected (work still queued on it completes first).
+
+    Why not ``torch.cuda.Stream()``: it hands out the streams of a fixed pool (32 per
+    priority) round robin, so the 33rd stream made is the first one again. Emulated
+    ranks keep several persistent streams each (their own, the publish lane, the
+    transport's), and two ranks' streams that alias serialize one rank's work behind
+    another's wait on a flag it has not posted yet: a deadlock (seen on the H200 in
+    ``test_emulated_ranks_through_the_op`` once the transport held one more stream)."""
+    device = torch.device(device)
+    plat = platform(device)
+    if plat == "cpu":
+        raise ValueError(f"dedicated_stream: {device} has no streams (expected a GPU)")
+    with torch.cuda.device(device):
+        if plat == "cuda":
+            _, runtime = _cuda()
+            (raw,) = _cuda_ok(runtime.cudaStreamCreateWithFlags(STREAM_NON_BLOCKING),
+                              "cudaStreamCreateWithFlags")
+            destroy = runtime.cudaStreamDestroy
+        else:
+            hip = _hip()
+            (raw,) = _hip_ok("hipStreamCreateWithFlags", hip.hipStreamCreateWithFlags,
+                             STREAM_NON_BLOCKING)
+            destroy = hip.hipStreamDestroy
+    handle = int(raw)
+    stream = torch.cuda.ExternalStream(handle, device=device)
+    weakref.finalize(stream, destroy, raw)
+    return stream
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -52,7 +52,7 @@ from typing import Iterator
 import torch
 
 from backends import passive_peers
-from backends.copy_engine import CopyEngine, Route, copy_bytes, platform
+from backends.copy_engine import CopyEngine, Route, copy_bytes, dedicated_stream, platform
 from backends.gpu_signals import GpuSignals
 from backends.interface import current_stream_handle, grown_size, refuse_growth_in_capture
 from backends.peer_memory import PeerBuffer
@@ -107,9 +107,8 @@ class CopyTransport:
         self.pulled_bytes = 0
         #: events around each step of a call (GPU; :meth:`start_trace`)
         self.trace: StepTrace | None = None
-        #: where a default-stream caller's calls run (:meth:`call_stream`)
-        self._own_stream = (torch.cuda.Stream(world.device)
-                            if size > 1 and world.device.type == "cuda" else None)
+        #: where a default-stream caller's calls run (:meth:`call_stream`), made at the first
+        self._own_stream: torch.cuda.Stream | None = None
 
     # ------------------------------------------------------------------ buffers
 
@@ -166,6 +165,8 @@ class CopyTransport:
         if handle != 0 or device.type != "cuda":
             yield handle
             return
+        if self._own_stream is None:
+            self._own_stream = dedicated_stream(device)
         caller, own = torch.cuda.default_stream(device), self._own_stream
         own.wait_stream(caller)
         try:

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import torch
 
+from backends.copy_engine import dedicated_stream
+
 
 class PublishLane:
     """One persistent side stream for a rank's publishes, with three reusable events."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        # its own stream, never one of torch's pool that another rank may hold
+        self.stream = dedicated_stream(device)
         self.handle = self.stream.cuda_stream  # the raw handle copies are enqueued on
         self._to_lane = [torch.cuda.Event(), torch.cuda.Event()]  # ev_in, ev_red
         self._back = torch.cuda.Event()  # ev_pub

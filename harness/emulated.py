@@ -25,6 +25,7 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
+from backends.copy_engine import dedicated_stream
 from backends.world import World, emulated_worlds
 
 T = TypeVar("T")
@@ -36,7 +37,8 @@ class EmulatedRanks:
     def __init__(self, size: int, device: torch.device):
         self.device = torch.device(device)
         self.worlds: list[World] = emulated_worlds(size, self.device)
-        self.streams = [torch.cuda.Stream(self.device) for _ in self.worlds]
+        # streams of their own: two ranks on one pool stream deadlock (dedicated_stream)
+        self.streams = [dedicated_stream(self.device) for _ in self.worlds]
 
     @property
     def size(self) -> int:

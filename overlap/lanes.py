@@ -33,6 +33,11 @@ class Lanes:
         """Start of an op call: the side stream waits for the caller's work so far."""
         if self.side is not None:
             self._caller = torch.cuda.current_stream(self.device)
+            if self._caller.cuda_stream == self.side.cuda_stream:
+                # torch's pool (32 streams, round robin) gave the caller's stream out again:
+                # the GEMMs would queue behind the all-reduces. Take the pool's next one.
+                old, self.side = self.side, torch.cuda.Stream(self.device)
+                self.side.wait_stream(old)
             self.side.wait_stream(self._caller)
 
     @contextlib.contextmanager

@@ -341,3 +341,57 @@ def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
     with tr.call_stream() as stream:
         assert stream == 0x55
     assert log == []
+
+
+def test_a_dedicated_stream_is_made_non_blocking_and_destroyed_with_its_object(monkeypatch):
+    """copy_engine.dedicated_stream with stand-in runtimes (no GPU here): each platform's
+    create call gets the non-blocking flag, the torch object wraps the new handle, and
+    the raw stream is destroyed once that object is collected; a CPU device is refused."""
+    import contextlib
+    import gc
+
+    created, destroyed = [], []
+
+    class Raw:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __int__(self):
+            return self.handle
+
+    def create(flags):
+        created.append(flags)
+        return 0, Raw(0x1000 + len(created))
+
+    def destroy(raw):
+        destroyed.append(int(raw))
+        return (0,)
+
+    class Wrapped:
+        def __init__(self, handle, device):
+            self.cuda_stream, self.device = handle, device
+
+    runtime = type("Runtime", (), {"cudaStreamCreateWithFlags": staticmethod(create),
+                                   "cudaStreamDestroy": staticmethod(destroy)})
+    hip = type("Hip", (), {"hipStreamCreateWithFlags": staticmethod(create),
+                           "hipStreamDestroy": staticmethod(destroy)})
+    monkeypatch.setattr(copy_engine, "_cuda", lambda: (None, runtime))
+    monkeypatch.setattr(copy_engine, "_hip", lambda: hip)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "ExternalStream", Wrapped)
+    for hip_version in (None, "6.4"):
+        monkeypatch.setattr(torch.version, "hip", hip_version)
+        created.clear(), destroyed.clear()
+        stream = copy_engine.dedicated_stream(torch.device("cuda", 0))
+        other = copy_engine.dedicated_stream(torch.device("cuda", 0))
+        assert created == [copy_engine.STREAM_NON_BLOCKING] * 2
+        assert stream.cuda_stream == 0x1001 and other.cuda_stream == 0x1002
+        assert destroyed == []
+        del stream
+        gc.collect()
+        assert destroyed == [0x1001]
+        del other
+        gc.collect()
+        assert destroyed == [0x1001, 0x1002]
+    with pytest.raises(ValueError, match="has no streams"):
+        copy_engine.dedicated_stream(torch.device("cpu"))
