@@ -16,7 +16,7 @@ import torch
 
 from backends.call_contract import (CollectiveMismatchError, PeerAbortedError, PeerTimeoutError,
                                     device_tag)
-from backends.copy_engine import MASK32, CopyEngine
+from backends.copy_engine import MASK32, CopyEngine, dedicated_stream
 from backends.peer_memory import PeerBuffer
 from backends.signals import _HEADER, RING, SLOT_BYTES, Signals, _word
 
@@ -63,8 +63,9 @@ class GpuSignals(Signals):
             peer, word)
 
     def _read_device_word(self, peer: int, word: int) -> int:
-        # A side stream, not the (possibly blocked) caller's; bounded like everything else.
-        probe = torch.cuda.Stream(self.flags.local.device)
+        # A stream of its own, never the (possibly blocked) caller's, which a pool stream
+        # can be; bounded like everything else.
+        probe = dedicated_stream(self.flags.local.device)
         host = torch.empty(1, dtype=torch.int64, pin_memory=True)
         with torch.cuda.stream(probe):
             host.copy_(self._words[peer][word:word + 1], non_blocking=True)
