@@ -52,6 +52,7 @@ from typing import Iterator
 import torch
 
 from backends import passive_peers
+from backends.call_streams import CallStreams, Footprint
 from backends.copy_engine import CopyEngine, Route, copy_bytes, dedicated_stream, platform
 from backends.gpu_signals import GpuSignals
 from backends.interface import current_stream_handle, grown_size, refuse_growth_in_capture
@@ -71,11 +72,13 @@ class CopyTransport:
     ``owner`` names the backend in messages; ``reduced``: allocate the second
     peer-visible buffer ``red`` (two-shot); ``stage_reduced``: in the emulated world also
     give ``red`` a device stage (a backend that computes the reduced bytes into device
-    memory before publishing them; ``sdma`` publishes its reduced shard from ``out``).
+    memory before publishing them; ``sdma`` publishes its reduced shard from ``out``);
+    ``call_streams``: 1 or 2 streams the calls entered through :meth:`on_call_stream` run
+    on (:mod:`backends.call_streams`).
     """
 
     def __init__(self, world: World, owner: str, timeout_ms: float, *, reduced: bool,
-                 stage_reduced: bool = False):
+                 stage_reduced: bool = False, call_streams: int = 1):
         self.world, self.owner = world, owner
         size = world.size
         self.emulated = world.kind == "gpu-emulated"
@@ -109,6 +112,9 @@ class CopyTransport:
         self.trace: StepTrace | None = None
         #: where a default-stream caller's calls run (:meth:`call_stream`), made at the first
         self._own_stream: torch.cuda.Stream | None = None
+        #: GPU: the streams calls alternate on (:meth:`on_call_stream`)
+        self.call_streams = (CallStreams(world.device, call_streams, self.engine.stream)
+                             if size > 1 and world.device.type == "cuda" else None)
 
     # ------------------------------------------------------------------ buffers
 
@@ -175,6 +181,24 @@ class CopyTransport:
         finally:
             caller.wait_stream(own)
 
+    @contextlib.contextmanager
+    def on_call_stream(self, caller: int, footprint: Footprint) -> Iterator[int]:
+        """The stream one call's steps go on, entered from the ``caller`` stream: the
+        caller's itself, or one of two call streams (:mod:`backends.call_streams`), ordered
+        after the caller's work so far and, outside :meth:`overlapped`, before its later
+        work. ``footprint``: what the call touches (calls that share bytes never overlap)."""
+        if self.call_streams is None:
+            yield caller
+            return
+        with self.call_streams.call(caller, footprint) as stream:
+            yield stream
+
+    def overlapped(self) -> contextlib.AbstractContextManager:
+        """A block whose calls may overlap each other; the caller's stream waits for all
+        of them at its end (:meth:`backends.call_streams.CallStreams.overlapped`)."""
+        return (contextlib.nullcontext() if self.call_streams is None
+                else self.call_streams.overlapped())
+
     def source(self, buffer: str = "pub") -> torch.Tensor:
         """Where this rank writes the bytes it publishes in ``buffer`` (``"pub"`` or
         ``"red"``): its local bytes, or in the emulated world its device stage (the
@@ -188,14 +212,17 @@ class CopyTransport:
         """Where ``peer``'s private receive buffer starts in ``_recv`` (capacity bytes each)."""
         return (peer - self.world.rank - 1) % self.world.size * self.capacity  # slot 0..W-2
 
-    def recv_slot(self, peer: int, nbytes: int) -> torch.Tensor:
-        """The first ``nbytes`` of ``peer``'s private receive buffer."""
-        at = self._recv_offset(peer)
-        return self._recv[at:at + nbytes]
+    def recv_slot(self, peer: int, nbytes: int, at: int = 0) -> torch.Tensor:
+        """Bytes [at, at + nbytes) of ``peer``'s private receive buffer. A call receives at
+        its own offset in ``pub`` (the buffers share one layout), so calls on disjoint
+        bytes can be in flight together (:mod:`backends.call_streams`)."""
+        assert 0 <= at and at + nbytes <= self.capacity, (at, nbytes)
+        start = self._recv_offset(peer) + at
+        return self._recv[start:start + nbytes]
 
-    def recv_address(self, peer: int) -> int:
-        """The address of ``peer``'s private receive buffer (:meth:`recv_slot`, no view)."""
-        return self._recv.data_ptr() + self._recv_offset(peer)
+    def recv_address(self, peer: int, at: int = 0) -> int:
+        """The address of byte ``at`` of ``peer``'s receive buffer (:meth:`recv_slot`, no view)."""
+        return self._recv.data_ptr() + self._recv_offset(peer) + at
 
     def local_address(self, buffer: str) -> int:
         """The address of this rank's part of ``buffer`` (``"pub"`` or ``"red"``)."""
@@ -260,14 +287,21 @@ class CopyTransport:
 
     def pull_all(self, t: int, off: int, nbytes: int, stream: int,
                  what: str) -> dict[int, torch.Tensor]:
-        """Pull bytes [off, off + nbytes) of every peer's ``pub`` into its receive slot
-        (after its ``ready`` of call ``t``), then post ``done``; returns peer -> slot."""
+        """Pull bytes [off, off + nbytes) of every peer's ``pub`` into the same bytes of its
+        receive slot (after its ``ready`` of call ``t``), then post ``done``; returns
+        peer -> those received bytes."""
         got = {}
         for p in self.peers:
-            got[p] = self.recv_slot(p, nbytes)
+            got[p] = self.recv_slot(p, nbytes, off)
             self.pull(p, "ready", t, got[p].data_ptr(), off, nbytes, stream, what)
-        self.signals.post("done", t, stream)
+        self.post_done(t, stream)
         return got
+
+    def post_done(self, t: int, stream: int) -> None:
+        """Post ``done`` of call ``t`` (every pull of it enqueued before), in call order."""
+        if self.call_streams is not None:
+            self.call_streams.before_done(stream)
+        self.signals.post("done", t, stream)
 
     def finish(self, t: int, off: int, nbytes: int, stream: int) -> None:
         """End call ``t``, whose ``pub`` bytes [off, off + nbytes) peers may still read:
@@ -318,6 +352,9 @@ class CopyTransport:
         lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
         if self._own_stream is not None:
             lanes[self._own_stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
+        if self.call_streams is not None and self.call_streams.count > 1:
+            for k, handle in enumerate(self.call_streams.handles()):
+                lanes[handle] = f"AR steps (call stream {k})"
         if self.lane is not None:
             lanes[self.lane.handle] = "publish lane"
         self.trace = StepTrace(self.world.device, lanes)

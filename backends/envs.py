@@ -120,6 +120,9 @@ MAX_ONESHOT_CTAS = 1024
 #: 20 MiB slice beside the 8192x4352x5120 GEMM cost it 1.05x there, 8-66 CTAs 1.11-1.14x,
 #: as the slower reduce spans the whole GEMM); the same sanity bound as MAX_ONESHOT_CTAS.
 MAX_REDUCE_CTAS = 1024
+#: RADIANCE_AR_SDMA_CALL_STREAMS: 1 runs every call on the caller's stream; 2 alternates two
+#: streams (backends/call_streams.py)
+MAX_CALL_STREAMS = 2
 #: the transfer schedules of the copy-engine backends (backends/sdma.py, sdma_wht6.py)
 SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
 
@@ -143,6 +146,9 @@ KNOBS: dict[str, Knob] = {
              "the peer missing; an unbounded spin can wedge an RDNA compute queue"),
         Knob("RADIANCE_AR_SDMA_REDUCE_CTAS", "0", _int_in(0, MAX_REDUCE_CTAS),
              "CTAs of the sdma reduce kernel (0 to 1024); 0 = two per SM, the default"),
+        Knob("RADIANCE_AR_SDMA_CALL_STREAMS", "2", _int_in(1, MAX_CALL_STREAMS),
+             "streams sdma's calls run on (1 or 2); 2: consecutive calls alternate, so one "
+             "call's pulls overlap the previous call's reduce and waits, the default"),
         Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice(*SDMA_SCHEDULES),
              "transfer schedule of sdma and sdma_wht6; auto picks by message size and world "
              "size"),
@@ -189,6 +195,8 @@ class BackendSettings:
     oneshot_ctas: int = _default("RADIANCE_AR_ONESHOT_CTAS")
     #: RADIANCE_AR_SDMA_REDUCE_CTAS: CTAs of the sdma reduce kernel, 0 = two per SM
     sdma_reduce_ctas: int = _default("RADIANCE_AR_SDMA_REDUCE_CTAS")
+    #: RADIANCE_AR_SDMA_CALL_STREAMS: streams sdma's calls alternate on (1 or 2)
+    sdma_call_streams: int = _default("RADIANCE_AR_SDMA_CALL_STREAMS")
 
     #: field -> the knob it comes from
     KNOB_OF: ClassVar[dict[str, str]] = {
@@ -196,6 +204,7 @@ class BackendSettings:
         "sdma_schedule": "RADIANCE_AR_SDMA_SCHEDULE",
         "oneshot_ctas": "RADIANCE_AR_ONESHOT_CTAS",
         "sdma_reduce_ctas": "RADIANCE_AR_SDMA_REDUCE_CTAS",
+        "sdma_call_streams": "RADIANCE_AR_SDMA_CALL_STREAMS",
     }
 
     def __post_init__(self) -> None:
@@ -212,6 +221,9 @@ class BackendSettings:
         r = self.sdma_reduce_ctas
         if not (isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_REDUCE_CTAS):
             self._refuse("sdma_reduce_ctas", f"an integer {_range_text(0, MAX_REDUCE_CTAS)}")
+        c = self.sdma_call_streams
+        if not (isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_CALL_STREAMS):
+            self._refuse("sdma_call_streams", f"an integer {_range_text(1, MAX_CALL_STREAMS)}")
 
     def _refuse(self, field: str, expected: str) -> None:
         raise ValueError(f"BackendSettings: {field}={getattr(self, field)!r} "

@@ -221,6 +221,14 @@ class Backend(abc.ABC):
         back (``stock``: a process group that timed out is not repaired here; build a
         fresh world)."""
 
+    def overlapped_calls(self) -> contextlib.AbstractContextManager:
+        """A block of ``all_reduce`` calls that may run at the same time (the op's slices):
+        inside it a call's ``out`` may be written after the call returns; when the block
+        ends, the current stream is ordered after every call made in it. Calls that share
+        bytes still run in turn. In plain torch nothing changes: every ``out`` holds its
+        sum once the block is over. Default: every call is ordered on return."""
+        return contextlib.nullcontext()
+
     def start_trace(self) -> StepTrace | None:
         """GPU: record device events around each step (wait, copy, kernel) of the calls
         that follow, until :meth:`stop_trace`; returns the trace, or None where the

@@ -32,6 +32,7 @@ from backends.copy_engine import host_array
 from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
                                 refuse_growth_in_capture)
+from backends.call_streams import Footprint
 from backends.peer_memory import typed_view
 from backends.registry import register
 from backends.sdma_schedule import auto_schedule, schedule_wire_bytes, shard_bounds
@@ -101,12 +102,16 @@ class SdmaBackend(TransportBackend):
             return
         tr = self.transport
         nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
-        with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
-            off, local = self._publish(t, slice_in, stream)
+        off, staged = self._placement(slice_in)
+        local, out_addr = slice_in.data_ptr(), out.data_ptr()
+        footprint = Footprint(off, off + nbytes, local, local + nbytes, out_addr, out_addr + nbytes)
+        with tr.call_stream() as caller, self.signals.call(self.signature(slice_in)) as t, \
+                tr.on_call_stream(caller, footprint) as stream:
+            self._publish(t, off, staged, local, nbytes, stream)
             if self.schedule_for(nbytes) == "oneshot":
                 tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
-                self._reduce([local if q == self.world.rank else tr.recv_address(q)
-                              for q in range(self.world.size)], out.data_ptr(), out.numel(),
+                self._reduce([local if q == self.world.rank else tr.recv_address(q, off)
+                              for q in range(self.world.size)], out_addr, out.numel(),
                              out.dtype, stream)
             else:
                 self._twoshot(t, off, local, out, stream)
@@ -124,8 +129,9 @@ class SdmaBackend(TransportBackend):
             return []
         tr = self.transport
         nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
+        off, staged = self._placement(slice_in)
         with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
-            off, _ = self._publish(t, slice_in, stream)
+            self._publish(t, off, staged, slice_in.data_ptr(), nbytes, stream)
             ops = tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
             tr.finish(t, off, nbytes, stream)
         return [ops.get(q, slice_in.new_empty(0, dtype=torch.uint8))
@@ -149,21 +155,25 @@ class SdmaBackend(TransportBackend):
 
     # ------------------------------------------------------------------ internals
 
-    def _publish(self, t: int, slice_in: torch.Tensor, stream: int) -> tuple[int, int]:
-        """Byte offset of call ``t``'s slice in ``pub``, and the address of the local operand."""
+    def _placement(self, slice_in: torch.Tensor) -> tuple[int, bool]:
+        """(byte offset of the slice in ``pub``, whether it is copied there): a slice the
+        GEMM wrote into ``pub`` (``acquire_input_view``) stays at its offset; any other is
+        staged at offset 0 (every rank alike). No work is enqueued."""
         tr = self.transport
         nbytes = slice_in.numel() * slice_in.element_size()
         base = tr.source("pub")
-        addr = slice_in.data_ptr()
-        off = addr - base.data_ptr()
+        off = slice_in.data_ptr() - base.data_ptr()
         inside = slice_in.device == base.device and 0 <= off and off + nbytes <= tr.capacity
         if inside and off % slice_in.element_size():
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
-        off = off if inside else 0  # outside: staged at offset 0 (every rank alike)
-        copy = not inside or tr.emulated  # a staging copy / the emulated D2H publish
-        tr.publish(t, "ready", off if copy else None, addr, nbytes, stream,
-                   fence=(off, off + nbytes))
-        return off, addr
+        return (off, tr.emulated) if inside else (0, True)  # emulated: the D2H publish
+
+    def _publish(self, t: int, off: int, staged: bool, addr: int, nbytes: int,
+                 stream: int) -> None:
+        """Publish call ``t``'s slice (``nbytes`` at ``addr``) at ``off`` of ``pub`` (a
+        copy where ``staged``), after the reuse fence of those bytes; post ``ready``."""
+        self.transport.publish(t, "ready", off if staged else None, addr, nbytes, stream,
+                               fence=(off, off + nbytes))
 
     def _twoshot(self, t: int, off: int, local: int, out: torch.Tensor, stream: int) -> None:
         """Phases 2-4 of two-shot (module doc) by address: ``local`` is this rank's slice."""
@@ -172,9 +182,10 @@ class SdmaBackend(TransportBackend):
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
         for p in tr.peers:
-            tr.pull(p, "ready", t, tr.recv_address(p), off + lo * e, (hi - lo) * e, stream, what)
+            tr.pull(p, "ready", t, tr.recv_address(p, off), off + lo * e, (hi - lo) * e, stream,
+                    what)
         out_addr = out.data_ptr()
-        operands = [local + lo * e if q == r else tr.recv_address(q)
+        operands = [local + lo * e if q == r else tr.recv_address(q, off)
                     for q in range(self.world.size)]
         if self.world.kind == "gpu-symm":
             # red is this GPU's memory: the kernel writes it too (no same-device D2D copy).
@@ -188,7 +199,7 @@ class SdmaBackend(TransportBackend):
         for p in tr.peers:
             a, b = bounds[p], bounds[p + 1]
             tr.pull(p, "reduced", t, out_addr + a * e, off + a * e, (b - a) * e, stream, what)
-        self.signals.post("done", t, stream)
+        tr.post_done(t, stream)
 
     def _reduce(self, operands: list[int], out: int, n: int, dtype: torch.dtype, stream: int,
                 also: int | None = None) -> None:

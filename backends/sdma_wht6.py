@@ -249,6 +249,6 @@ class SdmaWht6Backend(TransportBackend):
         for p in tr.peers:
             a, b = bounds[p], bounds[p + 1]
             tr.pull(p, "reduced", t, gathered_addr + a * rb, a * rb, (b - a) * rb, stream, what)
-        self.signals.post("done", t, stream)
+        tr.post_done(t, stream)
         with traced(tr.trace, stream, "decode reduced"):
             wht6.decode_accumulate([gathered], (rows, cols), out.dtype, out=out)

@@ -10,6 +10,7 @@ in which schedule, is each backend's own.
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
 import torch
@@ -48,7 +49,8 @@ class TransportBackend(Backend):
             (world.kind, platform(world.device))]
         self.transport = CopyTransport(world, self.name, self.settings.spin_timeout_ms,
                                        reduced=self.may_use_twoshot(),
-                                       stage_reduced=self.stage_reduced)
+                                       stage_reduced=self.stage_reduced,
+                                       call_streams=self.settings.sdma_call_streams)
         self.signals = self.transport.signals
 
     def may_use_twoshot(self) -> bool:
@@ -95,6 +97,9 @@ class TransportBackend(Backend):
 
     def close(self) -> None:
         self.transport.close()
+
+    def overlapped_calls(self) -> contextlib.AbstractContextManager:
+        return self.transport.overlapped()
 
     def start_trace(self) -> StepTrace | None:
         return self.transport.start_trace()

@@ -48,7 +48,8 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
             a, b = bounds[s], bounds[s + 1]
             producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
             lanes.mark_side(s)
-    for s in range(slices):
-        a, b = bounds[s], bounds[s + 1]
-        lanes.caller_waits(s)
-        backend.all_reduce(y[a:b], out[a:b])
+    with backend.overlapped_calls():  # slice s+1's AR may start before slice s's ends
+        for s in range(slices):
+            a, b = bounds[s], bounds[s + 1]
+            lanes.caller_waits(s)
+            backend.all_reduce(y[a:b], out[a:b])

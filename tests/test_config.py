@@ -15,6 +15,7 @@ BAD_VALUES = {
     "RADIANCE_AR_OVERLAP_SLICES": ["0", "-1", "four", "2.0", "", "65", "+4"],
     "RADIANCE_AR_ONESHOT_CTAS": ["0", "x", "-3", "1025"],
     "RADIANCE_AR_SDMA_REDUCE_CTAS": ["-1", "1025", "two", "1.0"],
+    "RADIANCE_AR_SDMA_CALL_STREAMS": ["0", "3", "two", ""],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": ["0", "-1", "nan", "inf", "soon", "1e300", "1e-9"],
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
 }
@@ -184,6 +185,7 @@ PADDED = {
     "RADIANCE_AR_OVERLAP_SLICES": [(" 64\n", 64)],
     "RADIANCE_AR_ONESHOT_CTAS": [(" 36 ", 36)],
     "RADIANCE_AR_SDMA_REDUCE_CTAS": [(" 264 ", 264)],
+    "RADIANCE_AR_SDMA_CALL_STREAMS": [(" 1\n", 1)],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": [(" 2.5\n", 2.5)],
     "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
 }

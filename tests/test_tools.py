@@ -376,3 +376,14 @@ def test_cpu_world_run_with_a_quantized_producer(tmp_path, capsys):
     for r in doc["records"]:
         assert r["producer"] == "fp8_rowwise" and r["correct"], r
         assert r["rel_rms_err"] <= 2 ** -6  # the AR's error against the dequantized product
+
+
+def test_timeline_summary_counts_overlapping_slice_calls_as_no_idle():
+    """Slice calls on call streams of their own can overlap: a negative gap, no idle."""
+    events = [{"lane": timeline.GEMM_LANE, "slice": s, "start_ms": s, "end_ms": s + 1.0}
+              for s in range(2)]
+    events += [{"lane": timeline.AR_LANE, "slice": 0, "start_ms": 1.0, "end_ms": 3.0},
+               {"lane": timeline.AR_LANE, "slice": 1, "start_ms": 2.5, "end_ms": 4.0}]
+    t = timeline.summarize(events)
+    assert t["ar_gap_ms"] == pytest.approx([1.0, -0.5])
+    assert t["ar_idle_ms"] == pytest.approx(1.0) and t["ar_idle_after_fill_ms"] == 0.0

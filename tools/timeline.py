@@ -34,7 +34,7 @@ from overlap.runtime import OverlapRuntime
 from overlap.slicing import slice_bounds
 
 GEMM_LANE = "GEMM (side stream)"
-AR_LANE = "AR (caller stream)"
+AR_LANE = "AR (each slice call: input ready to last step)"
 LANES = (GEMM_LANE, AR_LANE)
 
 
@@ -108,17 +108,20 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
                     lanes.mark_side(s)
                     spans.append((GEMM_LANE, s, start, end, host))
             try:
-                for s in range(len(bounds) - 1):
-                    a, b = bounds[s], bounds[s + 1]
-                    lanes.caller_waits(s)
-                    # Recorded after the wait: the AR lane's start is when its input is ready.
-                    (start, host), end = begin(), _event()
-                    start.record()
-                    if trace is not None:
-                        trace.slice = s
-                    backend.all_reduce(y[a:b], out[a:b])
-                    end.record()
-                    spans.append((AR_LANE, s, start, end, host))
+                with backend.overlapped_calls():  # as the op calls them
+                    for s in range(len(bounds) - 1):
+                        a, b = bounds[s], bounds[s + 1]
+                        lanes.caller_waits(s)
+                        # Recorded after the wait: the AR lane's start is when its input is
+                        # ready; its end, where the call's steps run on streams of their own
+                        # (backends.call_streams), is its last step's (below).
+                        (start, host), end = begin(), _event()
+                        start.record()
+                        if trace is not None:
+                            trace.slice = s
+                        backend.all_reduce(y[a:b], out[a:b])
+                        end.record()
+                        spans.append((AR_LANE, s, start, end, host))
             finally:
                 backend.stop_trace()
     torch.cuda.synchronize(device)
@@ -126,7 +129,12 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
                "end_ms": origin.elapsed_time(end), "host_ms": (host - host_origin) * 1e3}
               for lane, s, start, end, host in spans]
     if trace is not None:
-        events += trace.spans(origin, host_origin)
+        steps = trace.spans(origin, host_origin)
+        for e in events:
+            if e["lane"] == AR_LANE:
+                ends = [x["end_ms"] for x in steps if x["slice"] == e["slice"]]
+                e["end_ms"] = max([e["end_ms"], *ends])
+        events += steps
     slept = origin.elapsed_time(begun)  # the lead: every time is moved back by it
     for e in events:
         for k in ("start_ms", "end_ms", "host_ms"):
@@ -152,9 +160,10 @@ def summarize(events: Sequence[dict]) -> dict:
         raise ValueError(f"timeline: {len(gemm)} GEMM and {len(ar)} AR slices; expected the "
                          "same number, at least one")
     gaps, prev_end = [], 0.0
-    for e in ar:
+    for e in ar:  # a negative gap: the slice's AR began before the previous one ended
         gaps.append(e["start_ms"] - prev_end)
-        prev_end = e["end_ms"]
+        prev_end = max(prev_end, e["end_ms"])
+    idle = [max(g, 0.0) for g in gaps]
     steps: dict[str, float] = {}
     for e in events:
         if "label" in e:
@@ -163,7 +172,7 @@ def summarize(events: Sequence[dict]) -> dict:
     return {"slices": len(ar),
             "gemm_ms": [e["end_ms"] - e["start_ms"] for e in gemm],
             "ar_ms": [e["end_ms"] - e["start_ms"] for e in ar],
-            "ar_gap_ms": gaps, "ar_idle_ms": sum(gaps), "ar_idle_after_fill_ms": sum(gaps[1:]),
+            "ar_gap_ms": gaps, "ar_idle_ms": sum(idle), "ar_idle_after_fill_ms": sum(idle[1:]),
             "ar_host_lead_ms": [e["start_ms"] - e["host_ms"] for e in ar if "host_ms" in e],
             "step_ms": steps, "span_ms": max(e["end_ms"] for e in events)}
 

@@ -1,0 +1,130 @@
+"""backends.call_streams with stand-in streams and events (no GPU here): which stream a
+call runs on, what it waits for, and what the caller waits for, in and out of a block.
+
+Each event logs the record it holds (``end0#2``: event end0 as recorded the 2nd time), so
+a wait names exactly which call it orders after."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends import call_streams
+from backends.call_streams import CallStreams, Footprint
+
+
+class FakeEvent:
+    made = 0
+
+    def __init__(self, log):
+        self.log, self.records, self.stream = log, 0, None
+        self.name = None
+
+    def record(self, stream):
+        self.records += 1
+        self.stream = stream
+        self.log.append(f"{stream.name} records {self.label()}")
+
+    def label(self):
+        return f"{self.name}#{self.records}"
+
+
+class FakeStream:
+    def __init__(self, name, handle, log):
+        self.name, self.cuda_stream, self.log = name, handle, log
+
+    def wait_event(self, event):
+        self.log.append(f"{self.name} waits {event.label()}")
+
+
+@pytest.fixture
+def world(monkeypatch):
+    log = []
+    streams = {0x10: FakeStream("caller", 0x10, log)}
+    made = iter([FakeStream("P0", 0x20, log), FakeStream("P1", 0x30, log)])
+
+    def dedicated(device):
+        s = next(made)
+        streams[s.cuda_stream] = s
+        return s
+
+    monkeypatch.setattr(torch.cuda, "Event", lambda: FakeEvent(log))
+    monkeypatch.setattr(call_streams, "dedicated_stream", dedicated)
+    monkeypatch.setattr(call_streams, "current_stream_handle", lambda device: 0x10)
+    cs = CallStreams(torch.device("cuda", 0), 2, streams.__getitem__)
+    for k in range(2):
+        cs._in[k].name, cs._end[k].name = f"in{k}", f"end{k}"
+    return cs, log
+
+
+def fp(lo, hi, base=1 << 20):
+    """A call on bytes [lo, hi) of the buffers, reading and writing base + [lo, hi)."""
+    return Footprint(lo, hi, base + lo, base + hi, 2 * base + lo, 2 * base + hi)
+
+
+def one_call(cs, log, footprint):
+    with cs.call(0x10, footprint) as stream:
+        log.append(f"steps on {stream:#x}")
+        cs.before_done(stream)
+        log.append("done posted")
+
+
+def test_outside_a_block_every_call_is_ordered_on_return(world):
+    cs, log = world
+    one_call(cs, log, fp(0, 100))
+    one_call(cs, log, fp(100, 200))
+    assert log == [
+        "caller records in0#1", "P0 waits in0#1", "steps on 0x20", "done posted",
+        "P0 records end0#1", "caller waits end0#1",
+        "caller records in1#1", "P1 waits in1#1", "steps on 0x30",
+        "P1 waits end0#1", "done posted",  # done posts stay in call order
+        "P1 records end1#1", "caller waits end1#1"]
+
+
+def test_in_a_block_disjoint_calls_overlap_and_the_block_end_joins_them(world):
+    cs, log = world
+    with cs.overlapped():
+        for k in range(3):
+            one_call(cs, log, fp(100 * k, 100 * (k + 1)))
+        assert not any(x.startswith("caller waits") for x in log)
+    assert log == [
+        "caller records in0#1", "P0 waits in0#1", "steps on 0x20", "done posted",
+        "P0 records end0#1",
+        "caller records in1#1", "P1 waits in1#1", "steps on 0x30",
+        "P1 waits end0#1", "done posted", "P1 records end1#1",
+        "caller records in0#2", "P0 waits in0#2", "steps on 0x20",
+        "P0 waits end1#1", "done posted", "P0 records end0#2",
+        "caller waits end0#2", "caller waits end1#1"]
+
+
+@pytest.mark.parametrize("second", [
+    fp(50, 150),                                       # shares buffer bytes
+    Footprint(100, 200, 2 << 20, (2 << 20) + 8, 9 << 20, 10 << 20),  # reads call 0's out
+    Footprint(100, 200, 7 << 20, 8 << 20, 1 << 20, (1 << 20) + 8),  # writes call 0's input
+    Footprint(100, 200, 7 << 20, 8 << 20, (2 << 20) + 50, 3 << 20),  # writes call 0's out
+])
+def test_calls_that_share_bytes_run_in_turn(world, second):
+    cs, log = world
+    with cs.overlapped():
+        one_call(cs, log, fp(0, 100))
+        log.clear()
+        one_call(cs, log, second)
+    assert log[:3] == ["caller records in1#1", "P1 waits in1#1", "P1 waits end0#1"]
+
+
+def test_a_block_that_raises_still_joins(world):
+    cs, log = world
+    with pytest.raises(RuntimeError, match="boom"):
+        with cs.overlapped():
+            one_call(cs, log, fp(0, 100))
+            raise RuntimeError("boom")
+    assert log[-1] == "caller waits end0#1"
+
+
+def test_one_stream_runs_calls_on_the_caller(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", lambda: pytest.fail("no events with one stream"))
+    cs = CallStreams(torch.device("cuda", 0), 1, lambda h: pytest.fail("no stream objects"))
+    with cs.overlapped():
+        with cs.call(0x10, fp(0, 1)) as stream:
+            cs.before_done(stream)
+    assert stream == 0x10 and cs.streams == []
