@@ -126,6 +126,9 @@ class CopyTransport:
         refuse_growth_in_capture(f"{self.owner} buffers ({nbytes} B per slice buffer)",
                                  self.world.device)
         self.quiesce()
+        if self.call_streams is not None:
+            # made before any call can park a stream (emulated ranks: the module doc)
+            self.call_streams.handles()
         grown = grown_size(nbytes, self.capacity, BUFFER_ALIGN)
         self.close()
         mem, dev, size = self.world.memory, self.world.device, self.world.size
