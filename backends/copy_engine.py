@@ -233,7 +233,9 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
             destroy = hip.hipStreamDestroy
     handle = int(raw)
     stream = torch.cuda.ExternalStream(handle, device=device)
-    weakref.finalize(stream, destroy, raw)
+    # Not at interpreter exit: the runtime may be torn down by then (a destroy there
+    # crashed every process on the H200); the driver releases the context's streams.
+    weakref.finalize(stream, destroy, raw).atexit = False
     return stream
 
 
