@@ -36,11 +36,14 @@ import torch
 from backends.envs import BackendSettings
 from backends.world import emulated_worlds
 from diagnostics import write_json
+from harness.host import freeze_heap
 
 
 def host_and_device_us(call, check, calls: int, warmup: int) -> tuple[float, float]:
     """Median host enqueue time and median device time of one ``call()``, in
-    microseconds; ``check()`` ends the run (the backend's bounded wait)."""
+    microseconds; ``check()`` ends the run (the backend's bounded wait). The heap is
+    frozen first, as the timing tools freeze it (:mod:`harness.host`)."""
+    freeze_heap()
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
