@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -233,10 +234,16 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
             destroy = hip.hipStreamDestroy
     handle = int(raw)
     stream = torch.cuda.ExternalStream(handle, device=device)
-    # Not at interpreter exit: the runtime may be torn down by then (a destroy there
-    # crashed every process on the H200); the driver releases the context's streams.
-    weakref.finalize(stream, destroy, raw).atexit = False
+    weakref.finalize(stream, _destroy_stream, destroy, raw).atexit = False
     return stream
+
+
+def _destroy_stream(destroy: Any, raw: Any) -> None:
+    """Destroy a dedicated stream, except while the interpreter shuts down: the runtime
+    may be torn down by then (destroys at exit crashed every process on the H200), and
+    the driver releases the context's streams with it."""
+    if not sys.is_finalizing():
+        destroy(raw)
 
 
 # --------------------------------------------------------------------------- dispatch
