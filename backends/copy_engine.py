@@ -233,17 +233,18 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
                              STREAM_NON_BLOCKING)
             destroy = hip.hipStreamDestroy
     handle = int(raw)
+    del raw  # only the integer is kept: a bindings object alive until the interpreter's
+    # last collection crashed it there (pytest processes on the H200, "Garbage-collecting")
     stream = torch.cuda.ExternalStream(handle, device=device)
-    weakref.finalize(stream, _destroy_stream, destroy, raw).atexit = False
+    weakref.finalize(stream, _destroy_stream, destroy, handle).atexit = False
     return stream
 
 
-def _destroy_stream(destroy: Any, raw: Any) -> None:
-    """Destroy a dedicated stream, except while the interpreter shuts down: the runtime
-    may be torn down by then (destroys at exit crashed every process on the H200), and
-    the driver releases the context's streams with it."""
+def _destroy_stream(destroy: Any, handle: int) -> None:
+    """Destroy a dedicated stream by its handle, except while the interpreter shuts down:
+    the runtime may be torn down by then, and the driver releases the context's streams."""
     if not sys.is_finalizing():
-        destroy(raw)
+        destroy(handle)
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -364,7 +364,7 @@ def test_a_dedicated_stream_is_made_non_blocking_and_destroyed_with_its_object(m
         return 0, Raw(0x1000 + len(created))
 
     def destroy(raw):
-        destroyed.append(int(raw))
+        destroyed.append(raw)
         return (0,)
 
     class Wrapped:
