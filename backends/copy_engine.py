@@ -202,7 +202,7 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
 
 # --------------------------------------------------------------------------- streams
 
-#: CU_STREAM_NON_BLOCKING / hipStreamNonBlocking (cuda.h, hip_runtime_api.h):
+#: cudaStreamNonBlocking / hipStreamNonBlocking (cuda_runtime_api.h, hip_runtime_api.h):
 #: no implicit synchronization with the legacy default stream, like torch's pool streams
 STREAM_NON_BLOCKING = 0x01
 
@@ -223,11 +223,10 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
         raise ValueError(f"dedicated_stream: {device} has no streams (expected a GPU)")
     with torch.cuda.device(device):
         if plat == "cuda":
-            # The driver API: a stream made through the bindings' runtime layer left
-            # something that crashed the interpreter's last collection (H200, pytest).
-            driver, _ = _cuda()
-            (raw,) = _cuda_ok(driver.cuStreamCreate(STREAM_NON_BLOCKING), "cuStreamCreate")
-            destroy = driver.cuStreamDestroy
+            _, runtime = _cuda()
+            (raw,) = _cuda_ok(runtime.cudaStreamCreateWithFlags(STREAM_NON_BLOCKING),
+                              "cudaStreamCreateWithFlags")
+            destroy = runtime.cudaStreamDestroy
         else:
             hip = _hip()
             (raw,) = _hip_ok("hipStreamCreateWithFlags", hip.hipStreamCreateWithFlags,

@@ -371,11 +371,11 @@ def test_a_dedicated_stream_is_made_non_blocking_and_destroyed_with_its_object(m
         def __init__(self, handle, device):
             self.cuda_stream, self.device = handle, device
 
-    driver = type("Driver", (), {"cuStreamCreate": staticmethod(create),
-                                 "cuStreamDestroy": staticmethod(destroy)})
+    runtime = type("Runtime", (), {"cudaStreamCreateWithFlags": staticmethod(create),
+                                   "cudaStreamDestroy": staticmethod(destroy)})
     hip = type("Hip", (), {"hipStreamCreateWithFlags": staticmethod(create),
                            "hipStreamDestroy": staticmethod(destroy)})
-    monkeypatch.setattr(copy_engine, "_cuda", lambda: (driver, None))
+    monkeypatch.setattr(copy_engine, "_cuda", lambda: (None, runtime))
     monkeypatch.setattr(copy_engine, "_hip", lambda: hip)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "ExternalStream", Wrapped)
