@@ -7,8 +7,9 @@ decide what is published, what is pulled and what is computed from it. In plain 
 rank r's ``publish`` is ``pub[r][off:off+n] = src; ready[r] = t`` and its ``pull`` of
 peer p is ``wait until ready[p] == t; dst[:] = pub[p][off:off+n]``.
 
-One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream
-(in the emulated world the publishes run beside it: :mod:`backends.publish_lane`)::
+One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream or
+on one of two call streams entered from it (:mod:`backends.call_streams`; in the emulated
+world the publishes run beside it: :mod:`backends.publish_lane`)::
 
   rank r stream : [fence] publish ready_r=t  wait ready_p>=t  pull p   done_r=t  compute
   rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  compute

@@ -12,7 +12,10 @@ persistent buffers cross streams)::
 
 - ``side`` first waits for main (x is prepared; the previous call's ARs, which read
   ``y``, are done), then runs every GEMM slice into ``y`` and marks event ``g_s``.
-- ``main`` waits for ``g_s`` and runs the backend's AR of rows ``b_s:b_s+1`` into ``out``.
+- ``main`` waits for ``g_s`` and runs the backend's AR of rows ``b_s:b_s+1`` into ``out``,
+  every AR inside ``backend.overlapped_calls()``: a backend may start AR s+1 before AR s
+  has ended (sdma's two call streams), and ``main`` is ordered after all of them when the
+  block ends.
 - When it returns, main has waited for every ``g_s``, so it is ordered after every
   side-stream use of ``x``, the scales and ``y``: freeing per-call tensors is safe and no
   record-stream bookkeeping is needed. Nothing is allocated on ``side``.
