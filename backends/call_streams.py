@@ -78,6 +78,7 @@ class CallStreams:
         self._depth = 0  # nesting of overlapped()
         self._unjoined: set[int] = set()  # streams whose last call the caller has not waited for
         self._done_after: int | None = None  # the stream whose last end the next done waits for
+        self._current: int | None = None  # the handle of the call being enqueued
 
     def handles(self) -> list[int]:
         """The raw handles of the call streams (made here if not yet)."""
@@ -104,9 +105,11 @@ class CallStreams:
         if last is not None and last[0] != i and footprint.conflicts(last[1]):
             stream.wait_event(self._end[last[0]])
         self._done_after = last[0] if last is not None and last[0] != i else None
+        self._current = stream.cuda_stream
         try:
             yield stream.cuda_stream
         finally:
+            self._current = self._done_after = None
             self._end[i].record(stream)
             if self._depth:
                 self._unjoined.add(i)
@@ -114,16 +117,30 @@ class CallStreams:
                 caller_stream.wait_event(self._end[i])
 
     def before_done(self, stream: int) -> None:
-        """Enqueue on ``stream`` (the current call's) the wait that keeps ``done`` posts in
-        call order: for the previous call's end, where that ran on another stream."""
-        if self._done_after is not None:
-            self._stream_of(stream).wait_event(self._end[self._done_after])
+        """Enqueue on ``stream`` the wait that keeps ``done`` posts in call order: in a call
+        of :meth:`call`, for the previous call's end where that ran on the other stream; on
+        any other stream (a call not entered here), for every call not yet joined."""
+        if self.count == 1:
+            return
+        if stream == self._current:
+            ends = [] if self._done_after is None else [self._done_after]
+        else:
+            ends = sorted(self._unjoined)
+        for i in ends:
+            self._stream_of(stream).wait_event(self._end[i])
+
+    def is_call_stream(self, stream: int) -> bool:
+        """Whether ``stream`` is one of the call streams (later calls may run on the other
+        one, so work on it orders only the calls that follow it there)."""
+        return self.count > 1 and any(s.cuda_stream == stream for s in self.streams)
 
     @contextlib.contextmanager
     def overlapped(self) -> Iterator[None]:
         """Calls inside may end after they return; the caller's stream (the current
         stream at the block's end) waits for all of them when the block ends, also when
-        it raises."""
+        it raises. Until then a call's input and output must stay alive and unwritten by
+        the caller: nothing records them on the call streams (no ``record_stream``), so
+        memory freed inside the block could be handed out again while a call reads it."""
         self._depth += 1
         try:
             yield

@@ -254,7 +254,11 @@ class CopyTransport:
         epoch = max(hits)
         for p in self.peers:
             self.signals.wait(p, "done", epoch, stream, "the reuse fence (peer still reading)")
-        self._pending = [x for x in self._pending if x[0] > epoch]
+        if self.call_streams is None or not self.call_streams.is_call_stream(stream):
+            # Every later write follows this stream (the caller's or the publish lane):
+            # the entries waited for need no second wait. A call stream's wait orders only
+            # the calls after it on that stream, so there they stay.
+            self._pending = [x for x in self._pending if x[0] > epoch]
 
     def publish(self, t: int, slot: str, dst_off: int | None, src_addr: int, nbytes: int,
                 stream: int, fence: tuple[int, int] | None = None) -> None:
@@ -316,11 +320,13 @@ class CopyTransport:
         self.signals.end_call(stream)
 
     def quiesce(self) -> None:
-        """Before buffers are replaced: every peer read done, every enqueued call finished."""
-        if self.signals is None or not self._pending:
+        """Before buffers are replaced: every peer read done, every enqueued call finished
+        (also the calls of an overlapped block not yet joined: a host wait for the last)."""
+        if self.signals is None:
             return
-        with self.call_stream() as stream:
-            self.fence(0, self.capacity, stream)
+        if self._pending:
+            with self.call_stream() as stream:
+                self.fence(0, self.capacity, stream)
         self.check()
 
     # ------------------------------------------------------------------ faults, timing

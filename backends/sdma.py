@@ -47,6 +47,7 @@ class SdmaBackend(TransportBackend):
     # One rounding of the fp32 sum: relative error <= 2^-8 (bf16 unit roundoff) per element.
     rel_rms_bound = 2.0 ** -8
     peer_visible_input = True
+    uses_call_streams = True
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):

@@ -24,6 +24,24 @@ from backends.trace import StepTrace
 from backends.world import KINDS, MAX_WORLD, World
 
 
+#: CUDA_DEVICE_MAX_CONNECTIONS as emulated ranks set it (backends.envs): hardware queues
+HARDWARE_QUEUES = 32
+
+
+def emulated_streams_reason(world: World, call_streams: int) -> str | None:
+    """``None``, or why W emulated ranks cannot each keep ``call_streams`` call streams: one
+    GPU's ranks would then have more busy streams than hardware queues (each rank: its own,
+    the publish lane, the op's side stream and the call streams), and streams that share a
+    queue can park one rank behind another's wait on a flag (docs/design.md, 'Worlds')."""
+    if world.kind != "gpu-emulated" or call_streams == 1:
+        return None
+    per_rank = 3 + call_streams
+    if world.size * per_rank <= HARDWARE_QUEUES:
+        return None
+    return (f"{world.size} emulated ranks x {per_rank} streams exceed the GPU's "
+            f"{HARDWARE_QUEUES} hardware queues; set RADIANCE_AR_SDMA_CALL_STREAMS=1")
+
+
 class TransportBackend(Backend):
     # Class defaults; each instance refines uses_compute_units_while_waiting for its path
     # (see sdma_schedule.COMPUTE_UNITS and ``compute_unit_note``).
@@ -35,6 +53,9 @@ class TransportBackend(Backend):
     stage_reduced: ClassVar[bool] = False
     #: what limits the world size to MAX_WORLD (for the gate's message)
     world_limit: ClassVar[str] = "the reduce kernel's input limit"
+    #: its calls may run on the transport's two call streams (``sdma_call_streams``);
+    #: ``sdma_wht6`` publishes every call at offset 0, so its calls could never overlap
+    uses_call_streams: ClassVar[bool] = False
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):
@@ -47,10 +68,14 @@ class TransportBackend(Backend):
         self.schedule = self.settings.sdma_schedule
         self.uses_compute_units_while_waiting, self.compute_unit_note = COMPUTE_UNITS[
             (world.kind, platform(world.device))]
+        streams = self.settings.sdma_call_streams if self.uses_call_streams else 1
+        reason = emulated_streams_reason(world, streams)
+        if reason is not None:
+            raise ValueError(f"backend {self.name!r} cannot run here: {reason}")
         self.transport = CopyTransport(world, self.name, self.settings.spin_timeout_ms,
                                        reduced=self.may_use_twoshot(),
                                        stage_reduced=self.stage_reduced,
-                                       call_streams=self.settings.sdma_call_streams)
+                                       call_streams=streams)
         self.signals = self.transport.signals
 
     def may_use_twoshot(self) -> bool:

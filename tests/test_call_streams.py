@@ -128,3 +128,65 @@ def test_one_stream_runs_calls_on_the_caller(monkeypatch):
         with cs.call(0x10, fp(0, 1)) as stream:
             cs.before_done(stream)
     assert stream == 0x10 and cs.streams == []
+
+
+def test_a_done_post_off_the_call_streams_waits_for_every_unjoined_call(world):
+    """A call not entered through call() (the caller's own stream) posts done only after
+    every call of the block still in flight; inside call() the wait is for the previous
+    call only, and it is not carried past the call's end."""
+    cs, log = world
+    caller = 0x10
+    with cs.overlapped():
+        one_call(cs, log, fp(0, 100))
+        one_call(cs, log, fp(100, 200))
+        assert cs._done_after is None
+        log.clear()
+        cs.before_done(caller)
+        assert log == ["caller waits end0#1", "caller waits end1#1"]
+    assert cs.is_call_stream(0x20) and cs.is_call_stream(0x30) and not cs.is_call_stream(caller)
+
+
+def test_the_reuse_fence_keeps_its_entries_when_it_ran_on_a_call_stream():
+    """CopyTransport.fence with stand-ins: a fence on a call stream waits, but later calls
+    may run on the other stream, so the entries stay for their fences; a fence on the
+    caller's stream (which every later call follows) retires them."""
+    from backends.copy_transport import CopyTransport
+
+    waits = []
+
+    class Signals:
+        def wait(self, peer, slot, epoch, stream, what):
+            waits.append((peer, slot, epoch, stream))
+
+    class Streams:
+        def is_call_stream(self, stream):
+            return stream == 0x20
+
+    class Transport:
+        signals, peers, call_streams = Signals(), [1], Streams()
+        fence = CopyTransport.fence
+
+    tr = Transport()
+    tr._pending = [(1, 0, 100), (2, 100, 200)]
+    tr.fence(0, 150, 0x20)
+    assert waits == [(1, "done", 2, 0x20)] and len(tr._pending) == 2
+    tr.fence(0, 150, 0x10)
+    assert waits[-1] == (1, "done", 2, 0x10) and tr._pending == []
+
+
+def test_emulated_ranks_get_two_call_streams_only_within_the_hardware_queues():
+    from backends.transport_backend import emulated_streams_reason
+    from backends.world import World
+
+    class Mem:
+        def __init__(self, kind):
+            self.kind = kind
+
+    def world(kind, size):
+        return World(0, size, torch.device("cuda", 0), Mem(kind))
+
+    assert emulated_streams_reason(world("gpu-emulated", 4), 2) is None
+    assert emulated_streams_reason(world("gpu-emulated", 6), 2) is None
+    assert "RADIANCE_AR_SDMA_CALL_STREAMS=1" in emulated_streams_reason(world("gpu-emulated", 7), 2)
+    assert emulated_streams_reason(world("gpu-emulated", 8), 1) is None
+    assert emulated_streams_reason(world("gpu-symm", 8), 2) is None
