@@ -22,11 +22,16 @@ Rules, each for a reason:
   call also waits for the earlier one's end.
 - Outside :meth:`CallStreams.overlapped` the caller's stream waits for each call's end
   before the call returns (the contract of ``all_reduce``); inside it, once, at the
-  block's end, for every call of the block.
+  block's end, for every call of the block. Until then the calls' inputs and outputs must
+  stay alive and unwritten (nothing is recorded on these streams).
+- Work on a call stream orders only the calls after it on that stream: the transport's
+  reuse fence keeps the entries it waited for there (``CopyTransport.fence``), and a
+  ``done`` posted off the call streams waits for every call not yet joined.
 
 With ``count`` 1 (``RADIANCE_AR_SDMA_CALL_STREAMS=1``) every call runs on the caller's
 stream, as before this module existed. Streams are dedicated (never torch's pool: see
-:func:`backends.copy_engine.dedicated_stream`) and made at the first call.
+:func:`backends.copy_engine.dedicated_stream`), made when the transport first grows its
+buffers, before any call can park a stream.
 """
 
 from __future__ import annotations
