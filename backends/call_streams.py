@@ -68,11 +68,13 @@ class Footprint:
 
 
 class CallStreams:
-    """The streams one transport's calls run on (see the module doc). GPU only."""
+    """The streams one transport's calls run on (see the module doc): two on a GPU, or
+    the caller's alone (``count`` 1)."""
 
     def __init__(self, device: torch.device, count: int,
-                 stream_of: Callable[[int], torch.cuda.Stream]):
-        """``stream_of``: the torch stream object of a raw handle (the copy engine's cache)."""
+                 stream_of: Callable[[int], torch.cuda.Stream] | None):
+        """``stream_of``: the torch stream object of a raw handle (the copy engine's cache;
+        unused, and may be None, with one stream)."""
         assert count in (1, 2), count
         self.device, self.count, self._stream_of = device, count, stream_of
         self.streams: list[torch.cuda.Stream] = []
@@ -144,7 +146,7 @@ class CallStreams:
         """Calls inside may end after they return; the caller's stream (the current
         stream at the block's end) waits for all of them when the block ends, also when
         it raises. Until then a call's input and output must stay alive and unwritten by
-        the caller: nothing records them on the call streams (no ``record_stream``), so
+        the caller: the allocator is not told that the call streams use them, so
         memory freed inside the block could be handed out again while a call reads it."""
         self._depth += 1
         try:

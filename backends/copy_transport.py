@@ -113,9 +113,11 @@ class CopyTransport:
         self.trace: StepTrace | None = None
         #: where a default-stream caller's calls run (:meth:`call_stream`), made at the first
         self._own_stream: torch.cuda.Stream | None = None
-        #: GPU: the streams calls alternate on (:meth:`on_call_stream`)
-        self.call_streams = (CallStreams(world.device, call_streams, self.engine.stream)
-                             if size > 1 and world.device.type == "cuda" else None)
+        #: the streams calls alternate on (:meth:`on_call_stream`); one (the caller's)
+        #: off the GPU or without peers
+        gpu = size > 1 and world.device.type == "cuda"
+        self.call_streams = CallStreams(world.device, call_streams if gpu else 1,
+                                        self.engine.stream if gpu else None)
 
     # ------------------------------------------------------------------ buffers
 
@@ -127,9 +129,7 @@ class CopyTransport:
         refuse_growth_in_capture(f"{self.owner} buffers ({nbytes} B per slice buffer)",
                                  self.world.device)
         self.quiesce()
-        if self.call_streams is not None:
-            # made before any call can park a stream (emulated ranks: the module doc)
-            self.call_streams.handles()
+        self.call_streams.handles()  # before any call can park a stream (the module doc)
         grown = grown_size(nbytes, self.capacity, BUFFER_ALIGN)
         self.close()
         mem, dev, size = self.world.memory, self.world.device, self.world.size
@@ -191,17 +191,13 @@ class CopyTransport:
         caller's itself, or one of two call streams (:mod:`backends.call_streams`), ordered
         after the caller's work so far and, outside :meth:`overlapped`, before its later
         work. ``footprint``: what the call touches (calls that share bytes never overlap)."""
-        if self.call_streams is None:
-            yield caller
-            return
         with self.call_streams.call(caller, footprint) as stream:
             yield stream
 
     def overlapped(self) -> contextlib.AbstractContextManager:
         """A block whose calls may overlap each other; the caller's stream waits for all
         of them at its end (:meth:`backends.call_streams.CallStreams.overlapped`)."""
-        return (contextlib.nullcontext() if self.call_streams is None
-                else self.call_streams.overlapped())
+        return self.call_streams.overlapped()
 
     def source(self, buffer: str = "pub") -> torch.Tensor:
         """Where this rank writes the bytes it publishes in ``buffer`` (``"pub"`` or
@@ -254,7 +250,7 @@ class CopyTransport:
         epoch = max(hits)
         for p in self.peers:
             self.signals.wait(p, "done", epoch, stream, "the reuse fence (peer still reading)")
-        if self.call_streams is None or not self.call_streams.is_call_stream(stream):
+        if not self.call_streams.is_call_stream(stream):
             # Every later write follows this stream (the caller's or the publish lane):
             # the entries waited for need no second wait. A call stream's wait orders only
             # the calls after it on that stream, so there they stay.
@@ -307,8 +303,7 @@ class CopyTransport:
 
     def post_done(self, t: int, stream: int) -> None:
         """Post ``done`` of call ``t`` (every pull of it enqueued before), in call order."""
-        if self.call_streams is not None:
-            self.call_streams.before_done(stream)
+        self.call_streams.before_done(stream)
         self.signals.post("done", t, stream)
 
     def finish(self, t: int, off: int, nbytes: int, stream: int) -> None:
@@ -362,8 +357,7 @@ class CopyTransport:
         lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
         if self._own_stream is not None:
             lanes[self._own_stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
-        if self.call_streams is not None and self.call_streams.count > 1:
-            for k, handle in enumerate(self.call_streams.handles()):
+        for k, handle in enumerate(self.call_streams.handles()):
                 lanes[handle] = f"AR steps (call stream {k})"
         if self.lane is not None:
             lanes[self.lane.handle] = "publish lane"

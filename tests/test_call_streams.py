@@ -190,3 +190,27 @@ def test_emulated_ranks_get_two_call_streams_only_within_the_hardware_queues():
     assert "RADIANCE_AR_SDMA_CALL_STREAMS=1" in emulated_streams_reason(world("gpu-emulated", 7), 2)
     assert emulated_streams_reason(world("gpu-emulated", 8), 1) is None
     assert emulated_streams_reason(world("gpu-symm", 8), 2) is None
+
+
+def test_the_ops_side_stream_is_replaced_when_the_pool_hands_out_the_callers(monkeypatch):
+    """overlap.lanes.Lanes with stand-in streams (no GPU here): torch's pool may give the
+    side stream the caller's stream; the next call then takes a fresh side stream, ordered
+    after the old one, and the GEMMs no longer queue behind the all-reduces."""
+    from overlap.lanes import Lanes
+
+    log = []
+
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+        def wait_stream(self, other):
+            log.append((self.cuda_stream, other.cuda_stream))
+
+    pool = iter([Stream(0x10), Stream(0x20)])  # the first side stream is the caller's
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: next(pool))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(0x10))
+    lanes = Lanes(torch.device("cuda", 0))
+    assert lanes.side_handle == 0x10
+    lanes.side_waits_for_caller()
+    assert lanes.side_handle == 0x20 and log == [(0x20, 0x10), (0x20, 0x10)]
