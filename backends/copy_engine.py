@@ -232,9 +232,7 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
             (raw,) = _hip_ok("hipStreamCreateWithFlags", hip.hipStreamCreateWithFlags,
                              STREAM_NON_BLOCKING)
             destroy = hip.hipStreamDestroy
-    handle = int(raw)
-    del raw  # only the integer is kept: a bindings object alive until the interpreter's
-    # last collection crashed it there (pytest processes on the H200, "Garbage-collecting")
+    handle = int(raw)  # the destroy takes the integer; no bindings object is kept
     stream = torch.cuda.ExternalStream(handle, device=device)
     weakref.finalize(stream, _destroy_stream, destroy, handle).atexit = False
     return stream
