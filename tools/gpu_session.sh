@@ -25,6 +25,8 @@ for f in ${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}; do
     echo "===== $f" >> "$out/pytest_full.log"
     timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" \
         >> "$out/pytest_full.log" 2>&1
-    echo "$f: $(tail -1 "$out/pytest_full.log") (${SECONDS}s)" >> "$out/summary.log"
+    rc=$?  # kept: a crash at interpreter exit (139) follows the pytest summary line
+    echo "$f: rc $rc: $(grep -E '(passed|failed|error)' "$out/pytest_full.log" | tail -1) (${SECONDS}s)" \
+        >> "$out/summary.log"
 done
 cat "$out/summary.log"; tail -40 "$out/compare.log" 2>/dev/null
