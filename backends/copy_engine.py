@@ -33,7 +33,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,7 +215,10 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
     ranks keep several persistent streams each (their own, the publish lane, the
     transport's), and two ranks' streams that alias serialize one rank's work behind
     another's wait on a flag it has not posted yet: a deadlock (seen on the H200 in
-    ``test_emulated_ranks_through_the_op`` once the transport held one more stream)."""
+    ``test_emulated_ranks_through_the_op`` once the transport held one more stream).
+
+    The returned object owns the handle: keep it (not only its ``cuda_stream`` integer)
+    for as long as work is enqueued on the stream."""
     device = torch.device(device)
     plat = platform(device)
     if plat == "cpu":
@@ -233,9 +235,31 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
                              STREAM_NON_BLOCKING)
             destroy = hip.hipStreamDestroy
     handle = int(raw)  # the destroy takes the integer; no bindings object is kept
-    stream = torch.cuda.ExternalStream(handle, device=device)
-    weakref.finalize(stream, _destroy_stream, destroy, handle).atexit = False
+    stream = _owning_stream_class(torch.cuda.ExternalStream)(handle, device=device)
+    stream.destroy_call = destroy
     return stream
+
+
+@functools.cache
+def _owning_stream_class(external: type) -> type:
+    """The subclass of ``external`` (``torch.cuda.ExternalStream``) whose objects destroy
+    their stream when collected.
+
+    A ``__del__``, not ``weakref.finalize``: torch's CUDA stream type has a weak-reference
+    list that its deallocator never clears, so a weak reference to a stream dangles once
+    the stream is freed, its callback never runs, and the interpreter's last collection
+    writes through it. That was the segmentation fault at exit of the GPU test processes
+    (H200, torch 2.11: ``_PyWeakref_ClearRef`` in ``Py_FinalizeEx`` under cuda-gdb,
+    tools/results/2026-12-03-h200-exit-crash/)."""
+
+    class OwningStream(external):
+        destroy_call = None  # the runtime's stream destroy, set right after construction
+
+        def __del__(self) -> None:
+            if self.destroy_call is not None:
+                _destroy_stream(self.destroy_call, self.cuda_stream)
+
+    return OwningStream
 
 
 def _destroy_stream(destroy: Any, handle: int) -> None:

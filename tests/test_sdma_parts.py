@@ -346,7 +346,8 @@ def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
 def test_a_dedicated_stream_is_made_non_blocking_and_destroyed_with_its_object(monkeypatch):
     """copy_engine.dedicated_stream with stand-in runtimes (no GPU here): each platform's
     create call gets the non-blocking flag, the torch object wraps the new handle, and
-    the raw stream is destroyed once that object is collected; a CPU device is refused."""
+    the raw stream is destroyed once that object is collected (not while the interpreter
+    shuts down); a CPU device is refused."""
     import contextlib
     import gc
 
@@ -392,6 +393,13 @@ def test_a_dedicated_stream_is_made_non_blocking_and_destroyed_with_its_object(m
         assert destroyed == [0x1001]
         del other
         gc.collect()
+        assert destroyed == [0x1001, 0x1002]
+        with monkeypatch.context() as m:  # interpreter shutdown: the driver cleans up
+            m.setattr(copy_engine.sys, "is_finalizing", lambda: True)
+            late = copy_engine.dedicated_stream(torch.device("cuda", 0))
+            assert isinstance(late, Wrapped)
+            del late
+            gc.collect()
         assert destroyed == [0x1001, 0x1002]
     with pytest.raises(ValueError, match="has no streams"):
         copy_engine.dedicated_stream(torch.device("cpu"))
