@@ -160,6 +160,7 @@ def test_derived_figures_and_missing_inputs():
     d = metrics.derived(t, 4, 2 * 10 ** 9, link_gbs=1000.0)
     assert d["bound_ms"] == pytest.approx(4.5) and d["efficiency"] == pytest.approx(0.9)
     assert d["speedup"] == pytest.approx(1.2) and d["hidden"] == pytest.approx(0.5)
+    assert d["speedup_bound"] == pytest.approx(6.0 / 4.5)
     assert d["slice_overhead_us"] == pytest.approx(50.0) and d["t_ar_sliced_ms"] == 2.2
     assert d["bus_gbs"] == pytest.approx(1000.0) and d["link_efficiency"] == pytest.approx(1.0)
     d = metrics.derived(dict(t, ar_sliced=None), 4, 2 * 10 ** 9)

@@ -5,13 +5,14 @@
     contention = T_gemm while b's AR runs concurrently / T_gemm alone
     bound      = max(T_gemm + T_ar / S, T_ar + T_gemm / S)     the S-slice pipeline's ideal
     efficiency = bound / T_ovl                                  1: the op reaches its ideal
+    speedup bound = T_serial / bound                            the speedup at efficiency 1
     slice overhead = (T_ar of S back-to-back slice ARs - T_ar unsliced) / S
     link efficiency = bus GB/s / link GB/s                      the AR's share of its raw link
 
 Every T is a median of the same run, in ms. Record keys: ``bound_ms``, ``efficiency``,
-``contention`` and ``contention_spread`` (half its IQR over T_gemm alone, >= 20 repeats),
-``t_ar_sliced_ms`` and ``slice_overhead_us`` (None where S = 1), ``bus_gbs``, ``link_gbs``
-(tools/link.py; None on CPU worlds) and ``link_efficiency``.
+``speedup_bound``, ``contention`` and ``contention_spread`` (half its IQR over T_gemm
+alone, >= 20 repeats), ``t_ar_sliced_ms`` and ``slice_overhead_us`` (None where S = 1),
+``bus_gbs``, ``link_gbs`` (tools/link.py; None on CPU worlds) and ``link_efficiency``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def efficiency(bound: float, t_ovl: float) -> float:
     return bound / t_ovl
 
 
+def speedup_bound(t_serial: float, bound: float) -> float:
+    """The speedup the op would reach at efficiency 1: the most slicing can give in this
+    world. Where the AR is several times the GEMM it is close to 1 whatever the backend
+    (at most 1 + T_gemm (1 - 1/S) / T_ar), so a target above it cannot be met by any
+    pipeline of S slices."""
+    return t_serial / bound
+
+
 def slice_overhead_us(t_ar_sliced_ms: float, t_ar_ms: float, slices: int) -> float:
     """What one extra AR call costs, in us: the AR of the whole tensor as ``slices`` calls
     back to back, minus the one unsliced call, per slice (fixed costs: launches, flag
@@ -92,7 +101,8 @@ def derived(t: Mapping[str, float | None], slices: int, wire_bytes: int,
     """The figures of one case from its medians ``t`` (ms; keys gemm, ar, serial, ovl and
     optionally ar_sliced, None where not measured) and the slice count the op ran.
 
-    Keys: speedup, hidden, bound_ms, efficiency, t_ar_sliced_ms, slice_overhead_us,
+    Keys: speedup, hidden, bound_ms, efficiency, speedup_bound, t_ar_sliced_ms,
+    slice_overhead_us,
     bus_gbs, link_gbs, link_efficiency; a figure whose input is missing is None."""
     bound = bound_ms(t["gemm"], t["ar"], slices)
     bus = bus_bandwidth_gbs(wire_bytes, t["ar"])
@@ -102,6 +112,7 @@ def derived(t: Mapping[str, float | None], slices: int, wire_bytes: int,
         "hidden": hidden_fraction(t["gemm"], t["ar"], t["ovl"]),
         "bound_ms": bound,
         "efficiency": efficiency(bound, t["ovl"]),
+        "speedup_bound": speedup_bound(t["serial"], bound),
         "t_ar_sliced_ms": sliced,
         "slice_overhead_us": None if sliced is None else slice_overhead_us(sliced, t["ar"], slices),
         "bus_gbs": bus,

@@ -16,7 +16,8 @@ COLUMNS: Sequence[tuple[str, str, str]] = (
     ("gemm ms", "t_gemm_ms", "{:.3f}"), ("ar ms", "t_ar_ms", "{:.3f}"),
     ("serial ms", "t_serial_ms", "{:.3f}"), ("ovl ms", "t_ovl_ms", "{:.3f}"),
     ("bound ms", "bound_ms", "{:.3f}"), ("eff", "efficiency", "{:.2f}"),
-    ("speedup", "speedup", "{:.2f}x"), ("hidden", "hidden", "{:.2f}"),
+    ("speedup", "speedup", "{:.2f}x"), ("ideal", "speedup_bound", "{:.2f}x"),
+    ("hidden", "hidden", "{:.2f}"),
     ("contention", "contention", "contention"), ("slice us", "slice_overhead_us", "{:.1f}"),
     ("wire MiB", "wire_bytes", "mib"), ("bus GB/s", "bus_gbs", "{:.1f}"),
     ("link GB/s", "link_gbs", "{:.1f}"), ("link eff", "link_efficiency", "{:.2f}"),
@@ -61,7 +62,7 @@ ACCURACY_COLUMNS = tuple(c for c in COLUMNS
                          if c[1] in ("backend", "schedule", "M", "slices", "wire_bytes",
                                      "rel_rms_err", "correct"))
 #: record keys that are timings or derived from them
-TIMING_KEYS = ("bound_ms", "efficiency", "speedup", "hidden", "contention",
+TIMING_KEYS = ("bound_ms", "efficiency", "speedup", "speedup_bound", "hidden", "contention",
                "contention_spread", "contention_max", "contention_reps", "slice_overhead_us",
                "bus_gbs", "link_gbs", "link_efficiency")
 CPU_TIMING_NOTE = ("not a performance measurement: CPU ranks share the machine's cores and "
