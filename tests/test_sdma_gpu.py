@@ -188,6 +188,41 @@ def test_the_default_streams_handle_maps_to_the_default_stream():
             assert start.elapsed_time(after) > 2.0, "the event did not wait for the sleep"
 
 
+def test_dedicated_streams_are_destroyed_with_their_object_and_the_process_exits_cleanly():
+    """Streams made, used and dropped in a child process: each is destroyed when its object
+    is collected, and the interpreter exits with status 0. With a weak-reference finalizer
+    on the torch stream object (torch's deallocator leaves its weak references dangling),
+    the finalizer never ran and GPU test processes died of a segmentation fault at exit."""
+    import os
+    import subprocess
+    import sys
+
+    child = """
+import gc, torch
+from backends import copy_engine
+destroyed = []
+x = torch.ones(1 << 20, device="cuda")
+for _ in range(64):
+    s = copy_engine.dedicated_stream(torch.device("cuda", 0))
+    handle, destroy = s.cuda_stream, s.destroy_call
+    s.destroy_call = lambda h, destroy=destroy: (destroyed.append(h), destroy(h))
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        x.mul_(1.0)
+    torch.cuda.current_stream().wait_stream(s)
+    del s
+gc.collect()
+torch.cuda.synchronize()
+assert len(destroyed) == 64, len(destroyed)
+print("child ok")
+"""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=120, cwd=repo)
+    assert done.returncode == 0 and "child ok" in done.stdout, (done.returncode,
+                                                                done.stderr[-2000:])
+
+
 @pytest.mark.parametrize("schedule", ["oneshot", "twoshot"])
 def test_a_rank_on_the_default_stream_reduces_what_that_stream_wrote(schedule, release):
     """Rank 0 calls from the default stream, whose input is written behind a ~10 ms
