@@ -46,12 +46,17 @@ def _range_text(lo: float, hi: float | None) -> str:
     return f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
 
 
-def _int_in(lo: int, hi: int | None = None) -> Callable[[str, str], int]:
-    """Parser of an integer knob in ``[lo, hi]`` (``hi`` None: no upper bound)."""
-    expected = f"expected an integer {_range_text(lo, hi)}, in ASCII digits"
+def _int_in(lo: int, hi: int | None = None, *,
+            auto: bool = False) -> Callable[[str, str], int | str]:
+    """Parser of an integer knob in ``[lo, hi]`` (``hi`` None: no upper bound); with
+    ``auto`` the word ``auto`` is taken too and parses to itself."""
+    expected = (f"expected {'auto or ' if auto else ''}an integer {_range_text(lo, hi)}, "
+                "in ASCII digits")
 
-    def parse(name: str, raw: str) -> int:
+    def parse(name: str, raw: str) -> int | str:
         text = raw.strip()
+        if auto and text == "auto":
+            return text
         # Only 0-9: int() alone would also take "1_0", "+3" and non-ASCII digits ("١٠"),
         # which no one means to write into a launcher script.
         if not (text.isascii() and text.isdigit()):
@@ -136,8 +141,9 @@ KNOBS: dict[str, Knob] = {
              "all-reduce strategy, a registry name (see backends.names())"),
         Knob("RADIANCE_AR_OVERLAP_MIN_M", "2048", _int_in(1),
              "rows at/above which the sliced pipeline runs; below it the stock path (>= 1)"),
-        Knob("RADIANCE_AR_OVERLAP_SLICES", "4", _int_in(1, MAX_OVERLAP_SLICES),
-             "number of row slices of the sliced pipeline (1 to 64)"),
+        Knob("RADIANCE_AR_OVERLAP_SLICES", "auto", _int_in(1, MAX_OVERLAP_SLICES, auto=True),
+             "number of row slices of the sliced pipeline (1 to 64), or auto: the "
+             "backend's measured best (Backend.preferred_slices)"),
         Knob("RADIANCE_AR_ONESHOT_CTAS", "32", _int_in(1, MAX_ONESHOT_CTAS),
              "CTAs (workgroups) the oneshot_wht6 kernel holds (1 to 1024); vLLM's custom AR "
              "uses 36"),

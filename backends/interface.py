@@ -124,6 +124,9 @@ class Backend(abc.ABC):
     rel_rms_bound: ClassVar[float] = 2.0 ** -7
     #: False: the op runs GEMM then one unsliced AR with this backend (the baseline)
     pipelined: ClassVar[bool] = True
+    #: the slice count the op runs with RADIANCE_AR_OVERLAP_SLICES=auto: the backend's
+    #: fastest measured S (each backend cites its measurement); 1 runs GEMM then one AR
+    preferred_slices: ClassVar[int] = 4
     #: the producer GEMM writes straight into ``acquire_input_view`` (peer-visible memory)
     peer_visible_input: ClassVar[bool] = False
     #: its calls wait for peers through flags of its own, bounded by

@@ -92,6 +92,12 @@ class SdmaWht6Backend(TransportBackend):
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
     stage_reduced = True  # emulated: the re-encoded shard is written to device memory first
     world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
+    # Unsliced is fastest (H200, 4 emulated ranks, tools/results/2026-12-03-h200-final-2/):
+    # the op ran 1.592 ms at S = 1 against 2.280 (S = 4) and 2.420 (S = 8) at M = 8192,
+    # 3.074 against 4.384 and 4.541 at 16384. A slice is too small for two-shot (a
+    # two-shot call costs the host 415-434 us whatever its size) and one-shot pulls
+    # twice the bytes.
+    preferred_slices = 1
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):

@@ -22,7 +22,7 @@ class OverlapSettings:
     enabled: bool  # RADIANCE_AR_OVERLAP
     backend: str  # RADIANCE_AR_BACKEND, canonical registry name
     min_m: int  # RADIANCE_AR_OVERLAP_MIN_M
-    slices: int  # RADIANCE_AR_OVERLAP_SLICES
+    slices: int | str  # RADIANCE_AR_OVERLAP_SLICES: 1..64 or "auto" (see slice_count)
     #: the backend knobs (spin timeout, sdma schedule, oneshot CTAs); default: the knobs'
     #: defaults, not the environment (from_env reads them from it)
     backend_settings: BackendSettings = field(default_factory=BackendSettings)

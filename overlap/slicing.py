@@ -6,6 +6,14 @@ every slice computes the same rows, bit for bit, as the whole.
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def slice_count(setting: int | str, backend: Any) -> int:
+    """The S the op runs: RADIANCE_AR_OVERLAP_SLICES as set, or for ``auto`` the
+    backend's ``preferred_slices`` (its fastest measured slice count)."""
+    return backend.preferred_slices if setting == "auto" else setting
+
 
 def slice_bounds(rows: int, slices: int, align: int = 1) -> list[int]:
     """``[b0=0, b1, ..., bS'=rows]``: slice ``s`` covers rows ``b[s]:b[s+1]``.

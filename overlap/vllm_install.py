@@ -160,9 +160,11 @@ class InstallReport:
         if not s.enabled:
             return "radiance-ar: RADIANCE_AR_OVERLAP=0, every RowParallel linear left stock"
         total = len(self.routed) + len(self.already) + sum(map(len, self.left.values()))
+        slices = (f"auto = {backends.get(s.backend).preferred_slices}" if s.slices == "auto"
+                  else s.slices)
         head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
                 f"through radiance::linear_ar (backend {s.backend}, tp {self.tp_size}, "
-                f"slices {s.slices}, min_m {s.min_m})")
+                f"slices {slices}, min_m {s.min_m})")
         if self.producers:
             kinds = sorted(set(self.producers.values()))
             head += "; producers: " + ", ".join(

@@ -146,3 +146,27 @@ def test_the_process_runtime_lifetime():
     proc.shutdown()
     with pytest.raises(RuntimeError, match="overlap.configure"):
         proc.current()
+
+
+@pytest.mark.parametrize("setting,preferred,expected", [
+    ("auto", 3, 3), ("auto", 1, 1), (5, 3, 5)])
+def test_the_slice_count_is_the_knob_or_for_auto_the_backends_choice(setting, preferred,
+                                                                      expected):
+    """RADIANCE_AR_OVERLAP_SLICES=auto runs the backend's ``preferred_slices``; an integer
+    wins over it. Counted at the backend: one all_reduce per slice, the rows covering M."""
+    world = single_world("cpu")
+
+    class Counting(world_jobs.PeerSumBackend):
+        preferred_slices = preferred
+
+        def all_reduce(self, slice_in, out):
+            calls.append(slice_in.shape[0])
+            super().all_reduce(slice_in, out)
+
+    calls: list[int] = []
+    backend = Counting(world)
+    rt = overlap.OverlapRuntime(world, OverlapSettings(True, backend.name, 8, setting), backend)
+    x, w = make(rows=40)
+    out = forward(rt, x, w, None, "bf16")
+    assert len(calls) == expected and sum(calls) == 40
+    torch.testing.assert_close(out.float(), (x.float() @ w.float().T), rtol=2e-2, atol=2e-2)
