@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call of 2026-12-03 ~16:05: find the exit crash of GPU pytest processes
+# Device call of 2026-12-03 ~15:50: find the exit crash of GPU pytest processes
 # (a native backtrace under cuda-gdb, then a bisect of the stream source), then every GPU
 # test file with its exit status.
 set -uo pipefail

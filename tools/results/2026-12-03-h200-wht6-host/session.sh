@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call of 2026-12-03 ~16:35: what a two-shot sdma_wht6 call costs the host now
+# Device call of 2026-12-03 ~16:13: what a two-shot sdma_wht6 call costs the host now
 # (one active rank, slices of the op at M = 8192 S = 4 and 8), and sdma's figures again
 # (the spread between two runs of the same tree). Usage: bash session.sh OUT_DIR
 set -uo pipefail
