@@ -128,6 +128,8 @@ MAX_REDUCE_CTAS = 1024
 #: RADIANCE_AR_SDMA_CALL_STREAMS: 1 runs every call on the caller's stream; 2 alternates two
 #: streams (backends/call_streams.py)
 MAX_CALL_STREAMS = 2
+#: the slicing plans of the op (overlap/slicing.py), the first the default
+OVERLAP_PLANS = ("uniform", "growing")
 #: the transfer schedules of the copy-engine backends (backends/sdma.py, sdma_wht6.py)
 SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
 
@@ -144,6 +146,9 @@ KNOBS: dict[str, Knob] = {
         Knob("RADIANCE_AR_OVERLAP_SLICES", "auto", _int_in(1, MAX_OVERLAP_SLICES, auto=True),
              "number of row slices of the sliced pipeline (1 to 64), or auto: the "
              "backend's measured best (Backend.preferred_slices)"),
+        Knob("RADIANCE_AR_OVERLAP_PLAN", OVERLAP_PLANS[0], _choice(*OVERLAP_PLANS),
+             "how the rows are cut: uniform (equal slices) or growing (each slice twice the "
+             "one before; for an AR that takes at least twice the GEMM's time)"),
         Knob("RADIANCE_AR_ONESHOT_CTAS", "32", _int_in(1, MAX_ONESHOT_CTAS),
              "CTAs (workgroups) the oneshot_wht6 kernel holds (1 to 1024); vLLM's custom AR "
              "uses 36"),

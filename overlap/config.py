@@ -26,6 +26,12 @@ class OverlapSettings:
     #: the backend knobs (spin timeout, sdma schedule, oneshot CTAs); default: the knobs'
     #: defaults, not the environment (from_env reads them from it)
     backend_settings: BackendSettings = field(default_factory=BackendSettings)
+    plan: str = envs.OVERLAP_PLANS[0]  # RADIANCE_AR_OVERLAP_PLAN (overlap/slicing.py)
+
+    def __post_init__(self) -> None:
+        if self.plan not in envs.OVERLAP_PLANS:
+            raise ValueError(f"OverlapSettings: plan {self.plan!r}: expected one of "
+                             f"{', '.join(envs.OVERLAP_PLANS)}")
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
@@ -37,4 +43,5 @@ def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
         min_m=values["RADIANCE_AR_OVERLAP_MIN_M"],
         slices=values["RADIANCE_AR_OVERLAP_SLICES"],
         backend_settings=BackendSettings.from_env(environ),
+        plan=values["RADIANCE_AR_OVERLAP_PLAN"],
     )

@@ -33,7 +33,7 @@ from overlap import producers
 from overlap.pipeline import run_sliced
 from overlap.producers import Producer
 from overlap.runtime import OverlapRuntime, current
-from overlap.slicing import slice_bounds, slice_count
+from overlap.slicing import op_bounds
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -99,8 +99,7 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         backend.ensure_capacity(rows, cols, out.dtype)
         y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
              else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
-        bounds = slice_bounds(rows, slice_count(rt.settings.slices, backend),
-                              prod.slice_row_align)
+        bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
         run_sliced(prepared, prod, backend, y, out, bounds, rt.lanes())
     except CollectiveError:
         _release_peer_in_vendor_call(rt)

@@ -13,6 +13,7 @@ BAD_VALUES = {
     "RADIANCE_AR_BACKEND": ["", "   ", "nccl", "STOCK"],
     "RADIANCE_AR_OVERLAP_MIN_M": ["0", "-5", "1.5", "abc", "", "1_0", "\u0661\u0660"],
     "RADIANCE_AR_OVERLAP_SLICES": ["0", "-1", "four", "2.0", "", "65", "+4", "Auto", "auto4"],
+    "RADIANCE_AR_OVERLAP_PLAN": ["", "Uniform", "geometric", "grow"],
     "RADIANCE_AR_ONESHOT_CTAS": ["0", "x", "-3", "1025"],
     "RADIANCE_AR_SDMA_REDUCE_CTAS": ["-1", "1025", "two", "1.0"],
     "RADIANCE_AR_SDMA_CALL_STREAMS": ["0", "3", "two", ""],
@@ -29,6 +30,10 @@ def test_defaults():
     s = from_env({})
     assert s == OverlapSettings(enabled=False, backend="stock", min_m=2048, slices="auto")
     assert envs.snapshot({})["RADIANCE_AR_SDMA_SCHEDULE"] == "auto"
+    assert s.plan == "uniform"
+    assert from_env({"RADIANCE_AR_OVERLAP_PLAN": "growing"}).plan == "growing"
+    with pytest.raises(ValueError, match="plan 'ramp': expected one of uniform, growing"):
+        OverlapSettings(True, "stock", 8, 4, plan="ramp")
     assert s.backend_settings == envs.BackendSettings() == envs.BackendSettings(1000.0, "auto", 32)
 
 
@@ -183,6 +188,7 @@ PADDED = {
     "RADIANCE_AR_BACKEND": [(" stock\t", "stock")],
     "RADIANCE_AR_OVERLAP_MIN_M": [("\t16 ", 16)],
     "RADIANCE_AR_OVERLAP_SLICES": [(" 64\n", 64), (" auto ", "auto")],
+    "RADIANCE_AR_OVERLAP_PLAN": [(" growing\n", "growing")],
     "RADIANCE_AR_ONESHOT_CTAS": [(" 36 ", 36)],
     "RADIANCE_AR_SDMA_REDUCE_CTAS": [(" 264 ", 264)],
     "RADIANCE_AR_SDMA_CALL_STREAMS": [(" 1\n", 1)],

@@ -148,12 +148,13 @@ def test_the_process_runtime_lifetime():
         proc.current()
 
 
-@pytest.mark.parametrize("setting,preferred,expected", [
-    ("auto", 3, 3), ("auto", 1, 1), (5, 3, 5)])
-def test_the_slice_count_is_the_knob_or_for_auto_the_backends_choice(setting, preferred,
-                                                                      expected):
+@pytest.mark.parametrize("setting,preferred,plan,sizes", [
+    ("auto", 3, "uniform", [13, 13, 14]), ("auto", 1, "uniform", [40]),
+    (5, 3, "uniform", [8] * 5), (3, 4, "growing", [5, 12, 23]), ("auto", 2, "growing", [13, 27])])
+def test_the_slices_are_the_knobs_or_for_auto_the_backends_choice(setting, preferred, plan,
+                                                                   sizes):
     """RADIANCE_AR_OVERLAP_SLICES=auto runs the backend's ``preferred_slices``; an integer
-    wins over it. Counted at the backend: one all_reduce per slice, the rows covering M."""
+    wins over it; the plan cuts the rows. Seen at the backend: one all_reduce per slice."""
     world = single_world("cpu")
 
     class Counting(world_jobs.PeerSumBackend):
@@ -165,8 +166,9 @@ def test_the_slice_count_is_the_knob_or_for_auto_the_backends_choice(setting, pr
 
     calls: list[int] = []
     backend = Counting(world)
-    rt = overlap.OverlapRuntime(world, OverlapSettings(True, backend.name, 8, setting), backend)
+    rt = overlap.OverlapRuntime(
+        world, OverlapSettings(True, backend.name, 8, setting, plan=plan), backend)
     x, w = make(rows=40)
     out = forward(rt, x, w, None, "bf16")
-    assert len(calls) == expected and sum(calls) == 40
+    assert calls == sizes
     torch.testing.assert_close(out.float(), (x.float() @ w.float().T), rtol=2e-2, atol=2e-2)

@@ -79,8 +79,10 @@ def test_emulated_ranks_through_the_op(size, schedule, release):
     ref = world_jobs.reference(seed, size, rows, cols, k)
     ranks = EmulatedRanks(size, DEV)
     inputs = world_jobs.device_shards(seed, size, rows, cols, k, DEV)
-    for s in (1, 2, 3, 4, 7):
-        settings = OverlapSettings(True, "sdma", 1, s, BackendSettings(sdma_schedule=schedule))
+    for s, plan in ((1, "uniform"), (2, "uniform"), (3, "uniform"), (4, "uniform"),
+                    (7, "uniform"), (3, "growing"), (5, "growing")):
+        settings = OverlapSettings(True, "sdma", 1, s, BackendSettings(sdma_schedule=schedule),
+                                   plan)
         rts = [overlap.build(wd, settings) for wd in ranks.worlds]
         for rt in rts:
             assert rt.backend.schedule == schedule

@@ -15,6 +15,7 @@ import metrics
 import report
 import soak
 import timeline
+from overlap.slicing import slice_bounds
 
 
 def test_hidden_fraction_endpoints():
@@ -132,14 +133,21 @@ def test_soak_loop_counts_nan_and_wrong_bits_as_mismatches():
 # at the link's speed)
 
 def test_bound_is_the_longer_lane_plus_one_slice_of_the_other():
+    quarters = [0, 2, 4, 6, 8]
     # GEMM-bound: all GEMM slices, then the last AR slice
-    assert metrics.bound_ms(4.0, 2.0, 4) == pytest.approx(4.5)
+    assert metrics.bound_ms(4.0, 2.0, quarters) == pytest.approx(4.5)
     # AR-bound: the first GEMM slice, then all AR slices
-    assert metrics.bound_ms(2.0, 4.0, 4) == pytest.approx(4.5)
+    assert metrics.bound_ms(2.0, 4.0, quarters) == pytest.approx(4.5)
     # one slice: nothing overlaps, the bound is serial
-    assert metrics.bound_ms(2.0, 1.0, 1) == pytest.approx(3.0)
-    for bad in (0, 1.5, True):
-        with pytest.raises(ValueError, match="slices must be an int >= 1"):
+    assert metrics.bound_ms(2.0, 1.0, [0, 7]) == pytest.approx(3.0)
+    # growing slices (1, 2, 4 of 7 parts): AR-bound exposes the first, 1/7 of the GEMM;
+    # GEMM-bound the last, 4/7 of the AR
+    growing = slice_bounds(7, 3, 1, "growing")
+    assert growing == [0, 1, 3, 7]
+    assert metrics.bound_ms(1.4, 7.0, growing) == pytest.approx(7.2)
+    assert metrics.bound_ms(7.0, 1.4, growing) == pytest.approx(7.8)
+    for bad in ([], [0], [1, 4], [0, 3, 3, 5], [0, 4, 2]):
+        with pytest.raises(ValueError, match="bounds must rise from 0"):
             metrics.bound_ms(1.0, 1.0, bad)
 
 
@@ -157,13 +165,13 @@ def test_efficiency_slice_overhead_link_efficiency_contention_spread():
 
 def test_derived_figures_and_missing_inputs():
     t = {"gemm": 4.0, "ar": 2.0, "serial": 6.0, "ovl": 5.0, "ar_sliced": 2.2}
-    d = metrics.derived(t, 4, 2 * 10 ** 9, link_gbs=1000.0)
+    d = metrics.derived(t, [0, 2, 4, 6, 8], 2 * 10 ** 9, link_gbs=1000.0)
     assert d["bound_ms"] == pytest.approx(4.5) and d["efficiency"] == pytest.approx(0.9)
     assert d["speedup"] == pytest.approx(1.2) and d["hidden"] == pytest.approx(0.5)
     assert d["speedup_bound"] == pytest.approx(6.0 / 4.5)
     assert d["slice_overhead_us"] == pytest.approx(50.0) and d["t_ar_sliced_ms"] == 2.2
     assert d["bus_gbs"] == pytest.approx(1000.0) and d["link_efficiency"] == pytest.approx(1.0)
-    d = metrics.derived(dict(t, ar_sliced=None), 4, 2 * 10 ** 9)
+    d = metrics.derived(dict(t, ar_sliced=None), [0, 2, 4, 6, 8], 2 * 10 ** 9)
     assert d["slice_overhead_us"] is None and d["t_ar_sliced_ms"] is None
     assert d["link_gbs"] is None and d["link_efficiency"] is None
 

@@ -31,6 +31,7 @@ import torch
 
 import backends  # noqa: E402
 from backends import envs  # noqa: E402
+from backends.envs import OVERLAP_PLANS  # noqa: E402
 from backends.world import World  # noqa: E402
 from overlap import producers  # noqa: E402  (importing overlap registers every producer)
 import gpu_timing  # noqa: E402
@@ -82,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=None, help="output columns N of the linear")
     p.add_argument("--k", type=int, default=None, help="input columns K (this rank's shard)")
     p.add_argument("--slices", type=int_list, default=[4], help="slice counts S; default 4")
+    p.add_argument("--plans", default=OVERLAP_PLANS[0],
+                   help="comma-separated slicing plans of the op (RADIANCE_AR_OVERLAP_PLAN): "
+                        f"{', '.join(OVERLAP_PLANS)}; default {OVERLAP_PLANS[0]}")
     p.add_argument("--producer", default="bf16", choices=producers.names(),
                    help="GEMM producer the op runs, timed alone and in the serial baseline "
                         "too; its weight is the bf16 shard in the producer's format "
@@ -116,6 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.timeline and args.producer != "bf16":
         p.error(f"--timeline with --producer {args.producer}: tools/timeline.py records "
                 "the bf16 producer only (it passes no weight scale)")
+    args.plans = [x for x in args.plans.split(",") if x]
+    for plan in args.plans:
+        if plan not in OVERLAP_PLANS:
+            p.error(f"--plans: {plan!r}: expected one of {', '.join(OVERLAP_PLANS)}")
     names = backends.names()
     args.backends = names if args.backends is None else [b for b in args.backends.split(",") if b]
     for b in args.backends:
@@ -138,8 +146,11 @@ def cases(args: argparse.Namespace, device: str) -> list[Case]:
         pipelined = backends.get(name).pipelined
         for rows in m:
             for s in (args.slices if pipelined else [1]):
-                out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
-                                producer=args.producer, timeline=args.timeline and device == "gpu"))
+                # one slice is one plan: the others would repeat it
+                for plan in (args.plans if pipelined and s > 1 else args.plans[:1]):
+                    out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
+                                    producer=args.producer, plan=plan,
+                                    timeline=args.timeline and device == "gpu"))
     return out
 
 
@@ -179,7 +190,7 @@ def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
         pool.run(_ready)
         print(f"started in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
         for i, case in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] {case.backend} M={case.rows} S={case.slices} ...",
+            print(f"[{i}/{len(todo)}] {case.label()} ...",
                   file=sys.stderr, flush=True)
             records.append(pool.run(run_case, case)[0])
     return hdr, records
@@ -244,7 +255,7 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     if cpu:
         print(f"note: a CPU world checks every backend's result on every rank; timings are "
               f"{report.CPU_TIMING_NOTE}.")
-    timelines = [{"backend": r["backend"], "M": r["M"], "S": r["slices"],
+    timelines = [{"backend": r["backend"], "M": r["M"], "S": r["slices"], "plan": r["plan"],
                   "path": r["timeline"]["path"], "events": r.pop("timeline_events")}
                  for r in records if "timeline_events" in r]
     for entry in timelines:
@@ -316,7 +327,7 @@ def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     todo = cases(args, "gpu")
     records = []
     for i, case in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {case.backend} M={case.rows} S={case.slices} ...",
+        print(f"[{i}/{len(todo)}] {case.label()} ...",
               file=sys.stderr, flush=True)
         reason = gate_reason(case.backend, probe_world)
         records.append({"backend": case.backend, "M": case.rows, "slices": case.slices,

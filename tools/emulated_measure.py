@@ -42,7 +42,8 @@ def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
 
 def verify(case: Case, size: int, device: torch.device) -> dict:
     ranks = EmulatedRanks(size, device)
-    settings = OverlapSettings(True, case.backend, 1, case.slices, BackendSettings.from_env())
+    settings = OverlapSettings(True, case.backend, 1, case.slices, BackendSettings.from_env(),
+                               case.plan)
     runtimes = [overlap.build(w, settings) for w in ranks.worlds]
     data = [producer_inputs.operands(case.producer, *shard(case, rank, device))
             for rank in range(size)]
@@ -77,14 +78,16 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     """Verify with W active ranks, then time one active rank (see module doc)."""
     record = {"backend": case.backend, "producer": case.producer, "world": "gpu-emulated",
               "W": size, "M": case.rows,
-              "N": case.cols, "K": case.k, "slices": case.slices, "emulated": True,
+              "N": case.cols, "K": case.k, "slices": case.slices, "plan": case.plan,
+              "emulated": True,
               "baseline": "GEMM then this backend's unsliced AR"}
     record.update(verify(case, size, device))
     if not record["correct"]:
         return record
     world = emulated_worlds(size, device)[0]
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
-    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs))
+    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
+                                              case.plan))
     serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1, knobs))
     backend = rt.backend
     ops = producer_inputs.operands(case.producer, *shard(case, 0, device))
@@ -108,7 +111,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     def serial(i):
         forward(serial_rt, xs[i % len(xs)], ops.weight, ops.weight_scale, case.producer)
 
-    slices, times = time_calls(
+    bounds, times = time_calls(
         record, backend, ar_in, ar_out, case, {"gemm": gemm, "ar": ar, "serial": serial,
                                                "ovl": ovl},
         lambda fn: gpu_timing.device_and_host_ms(fn, case.reps, case.warmup))
@@ -117,9 +120,9 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
     record["schedule"] = slice_schedule(backend, case, case.slices, y.dtype)
     # A fresh world: the probe's pinned buffers go with it, not with the backends' group.
-    gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"], slices,
-                        case.reps, case.warmup)
-    record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
+    gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"],
+                        len(bounds) - 1, case.reps, case.warmup)
+    record.update(metrics.derived(times, bounds, record["wire_bytes"], gbs))
     if case.timeline:
         lead = timeline.LEAD_HOST_CALLS * record["t_ovl_host_ms"]
         path, events = timeline.record(rt, xs[0], ops.weight, case.producer, lead_ms=lead)

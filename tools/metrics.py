@@ -3,7 +3,8 @@
     speedup    = T_serial(stock) / T_ovl(b, S)
     hidden     = (T_gemm + T_ar - T_ovl) / min(T_gemm, T_ar)   1 perfect, 0 none, < 0 worse
     contention = T_gemm while b's AR runs concurrently / T_gemm alone
-    bound      = max(T_gemm + T_ar / S, T_ar + T_gemm / S)     the S-slice pipeline's ideal
+    bound      = max(T_gemm + T_ar f_last, T_ar + T_gemm f_first)  the pipeline's ideal
+                 (f: the first / last slice's share of the rows; 1/S each when uniform)
     efficiency = bound / T_ovl                                  1: the op reaches its ideal
     speedup bound = T_serial / bound                            the speedup at efficiency 1
     slice overhead = (T_ar of S back-to-back slice ARs - T_ar unsliced) / S
@@ -53,13 +54,17 @@ def contention_spread(t_gemm_concurrent_spread: float, t_gemm_alone: float) -> f
     return t_gemm_concurrent_spread / t_gemm_alone
 
 
-def bound_ms(t_gemm: float, t_ar: float, slices: int) -> float:
-    """The S-slice pipeline's ideal time: every GEMM slice then the last AR slice, or the
-    first GEMM slice then every AR slice, whichever is longer (the pipeline is no faster
-    than its longer lane plus one slice of the other, which cannot overlap anything)."""
-    if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
-        raise ValueError(f"bound_ms: slices must be an int >= 1, got {slices!r}")
-    return max(t_gemm + t_ar / slices, t_ar + t_gemm / slices)
+def bound_ms(t_gemm: float, t_ar: float, bounds: Sequence[int]) -> float:
+    """The pipeline's ideal time for the row ``bounds`` the op ran (``[0, ..., M]``):
+    every GEMM slice then the last AR slice, or the first GEMM slice then every AR slice,
+    whichever is longer (the pipeline is no faster than its longer lane plus the slice of
+    the other that cannot overlap anything), each slice costing its share of the rows."""
+    if len(bounds) < 2 or bounds[0] != 0 or any(b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"bound_ms: bounds must rise from 0 in at least one slice, got "
+                         f"{list(bounds)!r}")
+    rows = bounds[-1]
+    first, last = bounds[1] / rows, (rows - bounds[-2]) / rows
+    return max(t_gemm + t_ar * last, t_ar + t_gemm * first)
 
 
 def efficiency(bound: float, t_ovl: float) -> float:
@@ -96,15 +101,16 @@ def bus_bandwidth_gbs(wire_bytes: int, t_ar_ms: float) -> float:
     return wire_bytes / (t_ar_ms * 1e-3) / 1e9
 
 
-def derived(t: Mapping[str, float | None], slices: int, wire_bytes: int,
+def derived(t: Mapping[str, float | None], bounds: Sequence[int], wire_bytes: int,
             link_gbs: float | None = None) -> dict:
     """The figures of one case from its medians ``t`` (ms; keys gemm, ar, serial, ovl and
-    optionally ar_sliced, None where not measured) and the slice count the op ran.
+    optionally ar_sliced, None where not measured) and the row bounds the op ran.
 
     Keys: speedup, hidden, bound_ms, efficiency, speedup_bound, t_ar_sliced_ms,
     slice_overhead_us,
     bus_gbs, link_gbs, link_efficiency; a figure whose input is missing is None."""
-    bound = bound_ms(t["gemm"], t["ar"], slices)
+    slices = len(bounds) - 1
+    bound = bound_ms(t["gemm"], t["ar"], bounds)
     bus = bus_bandwidth_gbs(wire_bytes, t["ar"])
     sliced = t.get("ar_sliced")
     return {

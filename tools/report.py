@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 #: the spreads stay in JSON/CSV only (the table is wide enough)
 COLUMNS: Sequence[tuple[str, str, str]] = (
     ("backend", "backend", "{}"), ("sched", "schedule", "{}"), ("M", "M", "{}"),
-    ("S", "slices", "{}"),
+    ("S", "slices", "{}"), ("plan", "plan", "{}"),
     ("gemm ms", "t_gemm_ms", "{:.3f}"), ("ar ms", "t_ar_ms", "{:.3f}"),
     ("serial ms", "t_serial_ms", "{:.3f}"), ("ovl ms", "t_ovl_ms", "{:.3f}"),
     ("bound ms", "bound_ms", "{:.3f}"), ("eff", "efficiency", "{:.2f}"),
@@ -59,7 +59,7 @@ def unwritable_reason(path: str, is_dir: bool) -> str | None:
 
 #: the columns of a CPU world: accuracy and bytes only (its timings are not a measurement)
 ACCURACY_COLUMNS = tuple(c for c in COLUMNS
-                         if c[1] in ("backend", "schedule", "M", "slices", "wire_bytes",
+                         if c[1] in ("backend", "schedule", "M", "slices", "plan", "wire_bytes",
                                      "rel_rms_err", "correct"))
 #: record keys that are timings or derived from them
 TIMING_KEYS = ("bound_ms", "efficiency", "speedup", "speedup_bound", "hidden", "contention",

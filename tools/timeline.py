@@ -31,7 +31,8 @@ import torch
 import gpu_timing
 from overlap.op import check_inputs
 from overlap.runtime import OverlapRuntime
-from overlap.slicing import slice_bounds
+from backends.envs import OVERLAP_PLANS
+from overlap.slicing import op_bounds
 
 GEMM_LANE = "GEMM (side stream)"
 AR_LANE = "AR (each slice call: input ready to last step)"
@@ -95,7 +96,7 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
             backend.ensure_capacity(rows, cols, out.dtype)
             y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
                  else rt.scratch.get("gemm_out", (rows, cols), out.dtype, device))
-            bounds = slice_bounds(rows, rt.settings.slices, prod.slice_row_align)
+            bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
             lanes = rt.lanes()
             lanes.side_waits_for_caller()
             with lanes.on_side():
@@ -180,7 +181,8 @@ def summarize(events: Sequence[dict]) -> dict:
 def format_slices(entry: dict) -> str:
     """Per slice: GEMM ms, AR ms and the AR lane's idle gap before it, for the terminal."""
     t = summarize(entry["events"])
-    lines = [f"timeline {entry['backend']} M={entry['M']} S={entry['S']} ({entry['path']}): "
+    lines = [f"timeline {entry['backend']} M={entry['M']} S={entry['S']}{plan_label(entry)} "
+             f"({entry['path']}): "
              f"span {t['span_ms']:.3f} ms, AR idle {t['ar_idle_ms']:.3f} ms "
              f"({t['ar_idle_after_fill_ms']:.3f} after the fill)",
              "  slice  gemm ms  ar ms  ar idle before ms  host lead ms"]
@@ -194,8 +196,15 @@ def format_slices(entry: dict) -> str:
     return "\n".join(lines)
 
 
-def png_name(backend: str, rows: int, slices: int) -> str:
-    return f"timeline_{backend}_M{rows}_S{slices}.png"
+def plan_label(entry: dict) -> str:
+    """`` growing`` for a non-uniform slicing plan, nothing for the default."""
+    plan = entry.get("plan", OVERLAP_PLANS[0])
+    return "" if plan == OVERLAP_PLANS[0] else f" {plan}"
+
+
+def png_name(entry: dict) -> str:
+    return (f"timeline_{entry['backend']}_M{entry['M']}_S{entry['S']}"
+            f"{plan_label(entry).replace(' ', '_')}.png")
 
 
 def write_json(path: str, header: dict, entries: list[dict]) -> None:
@@ -254,7 +263,7 @@ def write_all(out_dir: str, header: dict, entries: list[dict], png: bool) -> lis
     write_json(paths[0], header, entries)
     if png:
         for e in entries:
-            paths.append(os.path.join(out_dir, png_name(e["backend"], e["M"], e["S"])))
-            write_png(paths[-1], e, f"{e['backend']} M={e['M']} S={e['S']} ({e['path']}) -- "
-                                    f"{header.get('label', '')}")
+            paths.append(os.path.join(out_dir, png_name(e)))
+            write_png(paths[-1], e, f"{e['backend']} M={e['M']} S={e['S']}{plan_label(e)} "
+                                    f"({e['path']}) -- {header.get('label', '')}")
     return paths

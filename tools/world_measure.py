@@ -50,6 +50,13 @@ class Case:
     producer: str = "bf16"
     #: record one op call's device events (GPU worlds; see tools/timeline.py)
     timeline: bool = False
+    #: the op's slicing plan (overlap/slicing.py: uniform or growing)
+    plan: str = "uniform"
+
+    def label(self) -> str:
+        """``backend M=.. S=..`` and the plan where it is not uniform (progress lines)."""
+        plan = "" if self.plan == "uniform" else f" {self.plan}"
+        return f"{self.backend} M={self.rows} S={self.slices}{plan}"
 
 
 def shard(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +90,7 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
     and, on a GPU, the host's median) into ``record`` as ``t_<key>_ms`` /
     ``t_<key>_spread_ms`` / ``t_<key>_host_ms``; where the op slices, also
     ``ar_sliced``: the AR of the whole tensor called once per row slice, as the op calls
-    it. Returns (the slices the op runs: S clamped to M rows, the medians by key)."""
+    it. Returns (the op's row bounds: S clamped to M rows, the medians by key)."""
     bounds = slice_plan(case, case.slices)
 
     def ar_sliced(i):
@@ -101,7 +108,7 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
         record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
         if host:
             record[f"t_{key}_host_ms"] = host[0]
-    return len(bounds) - 1, times
+    return bounds, times
 
 
 def digest(t: torch.Tensor) -> int:
@@ -111,7 +118,8 @@ def digest(t: torch.Tensor) -> int:
 def measure(world: World, case: Case) -> dict:
     """Collective. A record (rank 0's timings; errors and digests of every rank)."""
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
-    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs))
+    rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
+                                              case.plan))
     stock = overlap.build(world, OverlapSettings(True, "stock", 1, 1, knobs))
     try:
         return _measure(world, case, rt, stock)
@@ -121,8 +129,10 @@ def measure(world: World, case: Case) -> dict:
 
 
 def slice_plan(case: Case, slices: int) -> list[int]:
-    """The op's row bounds for ``case`` cut into ``slices`` (the producer's alignment)."""
-    return slice_bounds(case.rows, slices, producers.get(case.producer).slice_row_align)
+    """The op's row bounds for ``case`` cut into ``slices`` (the producer's alignment,
+    the case's plan)."""
+    return slice_bounds(case.rows, slices, producers.get(case.producer).slice_row_align,
+                        case.plan)
 
 
 def slice_schedule(backend, case: Case, slices: int, dtype: torch.dtype) -> str | None:
@@ -146,7 +156,7 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     record = {
         "backend": case.backend, "producer": case.producer, "world": world.kind,
         "W": world.size, "M": case.rows, "N": case.cols, "K": case.k,
-        "slices": case.slices if backend.pipelined else 1,
+        "slices": case.slices if backend.pipelined else 1, "plan": case.plan,
         "rel_rms_err": rel, "max_abs_err": max_abs,
         "identical_on_ranks": len(set(digests)) == 1,
         "wire_bytes": backend.wire_bytes(case.rows * case.cols, world.size, out.element_size()),
@@ -176,7 +186,7 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     def ar(i):
         backend.all_reduce(ar_in, ar_out)
 
-    slices, times = time_calls(
+    bounds, times = time_calls(
         record, backend, ar_in, ar_out, case, {"gemm": gemm, "ar": ar, "serial": serial,
                                                "ovl": ovl},
         lambda fn: timed_ms(world, fn, case.reps, case.warmup))
@@ -186,8 +196,9 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
         world.memory.barrier()
         record.update(gpu_timing.contention_record(gpu_timing.contention_times(
             gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
-        gbs = link.link_gbs(world, record["wire_bytes"], slices, case.reps, case.warmup)
-        record.update(metrics.derived(times, slices, record["wire_bytes"], gbs))
+        gbs = link.link_gbs(world, record["wire_bytes"], len(bounds) - 1, case.reps,
+                            case.warmup)
+        record.update(metrics.derived(times, bounds, record["wire_bytes"], gbs))
         if case.timeline:
             world.memory.barrier()
             lead = timeline.LEAD_HOST_CALLS * record["t_ovl_host_ms"]
@@ -195,5 +206,5 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
             record["timeline"] = dict(timeline.summarize(events), path=path)
             record["timeline_events"] = events
     else:
-        record.update(metrics.derived(times, slices, record["wire_bytes"]))
+        record.update(metrics.derived(times, bounds, record["wire_bytes"]))
     return record
