@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call of 2026-12-03 ~16:45: uniform against growing slices again (S = 4, 5), with
+# Device call of 2026-12-03 ~16:28: uniform against growing slices again (S = 4, 5), with
 # timelines; every output in one tarball (a device call returns few files).
 set -uo pipefail
 out=${1:?OUT_DIR}; mkdir -p "$out"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call of 2026-12-03 ~16:50: uniform against growing slices for sdma (4 emulated
+# Device call of 2026-12-03 ~16:25: uniform against growing slices for sdma (4 emulated
 # ranks, M = 8192 and 16384, S = 3, 4, 5), a timeline of growing S = 4 at M = 8192, and the
 # sdma GPU tests (the op now also runs growing plans). Usage: bash session.sh OUT_DIR
 set -uo pipefail
