@@ -12,8 +12,10 @@ too, by :func:`torchrun_local_rank` and :func:`triton_interpreter`, and the CUDA
 settings that emulated ranks need are set here, by :func:`prepare_cuda_for_emulated_ranks`.
 
     >>> from backends import envs
-    >>> envs.get("RADIANCE_AR_OVERLAP_SLICES")
-    4
+    >>> envs.get("RADIANCE_AR_OVERLAP_SLICES", {})
+    'auto'
+    >>> envs.get("RADIANCE_AR_OVERLAP_SLICES", {"RADIANCE_AR_OVERLAP_SLICES": " 8"})
+    8
 """
 
 from __future__ import annotations

@@ -124,8 +124,9 @@ class Backend(abc.ABC):
     rel_rms_bound: ClassVar[float] = 2.0 ** -7
     #: False: the op runs GEMM then one unsliced AR with this backend (the baseline)
     pipelined: ClassVar[bool] = True
-    #: the slice count the op runs with RADIANCE_AR_OVERLAP_SLICES=auto: the backend's
-    #: fastest measured S (each backend cites its measurement); 1 runs GEMM then one AR
+    #: the slice count the op runs with RADIANCE_AR_OVERLAP_SLICES=auto, chosen from
+    #: measurements each backend cites; 1 runs GEMM then one AR. The default 4 is the op's
+    #: fixed S before ``auto`` (not measured per backend: symm_oneshot, symm_twoshot)
     preferred_slices: ClassVar[int] = 4
     #: the producer GEMM writes straight into ``acquire_input_view`` (peer-visible memory)
     peer_visible_input: ClassVar[bool] = False

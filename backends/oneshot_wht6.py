@@ -78,10 +78,11 @@ class OneshotWht6Backend(Backend):
     bit_exact = False
     rel_rms_bound = 2.0 ** -5
     waits_on_peers = True
-    # The spin-wait AR gains nothing from slicing (H200, 4 emulated ranks,
-    # tools/results/2026-12-03-h200-final-2/): the op ran 3.312 ms at S = 1 against 3.490
-    # (S = 4) and 3.889 (S = 8) at M = 8192; 6.776 against 6.540 and 6.801 at 16384.
-    # Its CTAs slow the GEMM beside it 1.31-1.47x.
+    # Unsliced at M = 8192, the prefill size the project targets first (H200, 4 emulated
+    # ranks, tools/results/2026-12-03-h200-final-2/): the op ran 3.312 ms at S = 1 against
+    # 3.490 (S = 4) and 3.889 (S = 8). At M = 16384 S = 4 was 3.5% faster (6.540 against
+    # 6.776 ms), while its CTAs slowed the GEMM beside it 1.31x: a small gain that
+    # contention makes fragile, so one rule for both sizes, the one that never contends.
     preferred_slices = 1
 
     def __init__(self, world: World, settings: BackendSettings | None = None):

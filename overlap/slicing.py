@@ -26,7 +26,7 @@ from backends.envs import OVERLAP_PLANS as PLANS
 
 def slice_count(setting: int | str, backend: Any) -> int:
     """The S the op runs: RADIANCE_AR_OVERLAP_SLICES as set, or for ``auto`` the
-    backend's ``preferred_slices`` (its fastest measured slice count)."""
+    backend's ``preferred_slices`` (its slice count chosen by measurement)."""
     return backend.preferred_slices if setting == "auto" else setting
 
 

@@ -363,7 +363,8 @@ def test_real_vllm_install_routes_only_eligible_layers_and_matches_stock(vllm_wo
         assert by_layer["awq"].startswith("quant method AutoAWQMarlinLinearMethod has no")
         assert sorted(by_layer) == sorted(LEFT)
         assert r["summary"].startswith("radiance-ar: routed 3 of 7 RowParallel linears")
-        assert r["producers"] == {"down": "bf16", "o_proj": "bf16", "packed": vi.GENERIC}
+        packed = "bf16" if r["packed_plain"] else vi.GENERIC  # did vLLM repack it (vllm_jobs)?
+        assert r["producers"] == {"down": "bf16", "o_proj": "bf16", "packed": packed}
         for (name, rows), o in r["outputs"].items():
             where = f"rank {rank}, {name}, M={rows}, {backend}"
             scale = o["ref"].abs().max().item()

@@ -19,8 +19,11 @@ from overlap import vllm_routes as vr
 from overlap.config import OverlapSettings
 
 K_FULL, N_OUT = 128, 48
-#: ``packed``: vLLM's CPU backend repacked its weight for oneDNN, so the layer's own
-#: apply (the generic producer) computes it
+#: ``packed``: loaded without ``_cpu_skip_gemm_dispatch``, so vLLM's CPU backend repacks its
+#: weight for oneDNN where it can, and the layer's own apply (the generic producer) computes
+#: it; where oneDNN cannot make the primitive ("Failed to create oneDNN linear, fallback to
+#: torch linear": this workplace's AMD EPYC CI machine, 2026-12-03) the weight stays plain
+#: and the bf16 kernel serves it
 ROUTED = ("down", "o_proj", "packed")
 LEFT = ("biased", "gathered", "solo", "awq")
 
@@ -116,6 +119,9 @@ def real_install_job(world, backend: str) -> dict:
     with vllm_tp_world(world):
         m = _real_model(world)
         res["quant_method"] = type(m.down.quant_method).__name__
+        weight = m.packed.weight
+        res["packed_plain"] = (isinstance(weight, torch.Tensor) and weight.dim() == 2
+                               and tuple(weight.shape) == tuple(m.down.weight.shape))
         res["tp1"] = vi.eligibility(m.down, 1)
         cases = [n for n in ROUTED + LEFT if n != "awq"]
         before = {}

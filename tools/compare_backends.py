@@ -120,7 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.timeline and args.producer != "bf16":
         p.error(f"--timeline with --producer {args.producer}: tools/timeline.py records "
                 "the bf16 producer only (it passes no weight scale)")
-    args.plans = [x for x in args.plans.split(",") if x]
+    args.plans = list(dict.fromkeys(x for x in args.plans.split(",") if x))
+    if not args.plans:
+        p.error(f"--plans: no plan named: expected some of {', '.join(OVERLAP_PLANS)}")
     for plan in args.plans:
         if plan not in OVERLAP_PLANS:
             p.error(f"--plans: {plan!r}: expected one of {', '.join(OVERLAP_PLANS)}")
@@ -146,8 +148,8 @@ def cases(args: argparse.Namespace, device: str) -> list[Case]:
         pipelined = backends.get(name).pipelined
         for rows in m:
             for s in (args.slices if pipelined else [1]):
-                # one slice is one plan: the others would repeat it
-                for plan in (args.plans if pipelined and s > 1 else args.plans[:1]):
+                # one slice is one plan, recorded as the default: the others would repeat it
+                for plan in (args.plans if pipelined and s > 1 else OVERLAP_PLANS[:1]):
                     out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
                                     producer=args.producer, plan=plan,
                                     timeline=args.timeline and device == "gpu"))

@@ -22,11 +22,12 @@ for f in ${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}; do
     if [ "$SECONDS" -gt "${DEADLINE_S:-540}" ]; then
         echo "$f: not run (deadline)" >> "$out/summary.log"; continue
     fi
-    echo "===== $f" >> "$out/pytest_full.log"
-    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" \
-        >> "$out/pytest_full.log" 2>&1
+    log=/tmp/gpu_session_$(basename "$f" .py).log  # this file's output only
+    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" > "$log" 2>&1
     rc=$?  # kept: a crash at interpreter exit (139) follows the pytest summary line
-    echo "$f: rc $rc: $(grep -E '(passed|failed|error)' "$out/pytest_full.log" | tail -1) (${SECONDS}s)" \
+    { echo "===== $f"; cat "$log"; } >> "$out/pytest_full.log"
+    verdict=$(grep -E '(passed|failed|errors?|deselected|skipped) in [0-9.]+s' "$log" | tail -1)
+    echo "$f: rc $rc: ${verdict:-no pytest summary (killed or crashed first)} (${SECONDS}s)" \
         >> "$out/summary.log"
 done
 cat "$out/summary.log"; tail -40 "$out/compare.log" 2>/dev/null

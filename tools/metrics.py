@@ -73,10 +73,10 @@ def efficiency(bound: float, t_ovl: float) -> float:
 
 
 def speedup_bound(t_serial: float, bound: float) -> float:
-    """The speedup the op would reach at efficiency 1: the most slicing can give in this
-    world. Where the AR is several times the GEMM it is close to 1 whatever the backend
-    (at most 1 + T_gemm (1 - 1/S) / T_ar), so a target above it cannot be met by any
-    pipeline of S slices."""
+    """The speedup the op would reach at efficiency 1 with the row bounds it ran: the most
+    those slices can give in this world. Where the AR is several times the GEMM it is
+    close to 1 whatever the backend (at most 1 + T_gemm (1 - f_first) / T_ar, f_first the
+    first slice's share of the rows), so a target above it cannot be met with them."""
     return t_serial / bound
 
 
@@ -106,14 +106,15 @@ def derived(t: Mapping[str, float | None], bounds: Sequence[int], wire_bytes: in
     """The figures of one case from its medians ``t`` (ms; keys gemm, ar, serial, ovl and
     optionally ar_sliced, None where not measured) and the row bounds the op ran.
 
-    Keys: speedup, hidden, bound_ms, efficiency, speedup_bound, t_ar_sliced_ms,
-    slice_overhead_us,
+    Keys: slices_run (S after clamping to the rows), speedup, hidden, bound_ms, efficiency,
+    speedup_bound, t_ar_sliced_ms, slice_overhead_us,
     bus_gbs, link_gbs, link_efficiency; a figure whose input is missing is None."""
     slices = len(bounds) - 1
     bound = bound_ms(t["gemm"], t["ar"], bounds)
     bus = bus_bandwidth_gbs(wire_bytes, t["ar"])
     sliced = t.get("ar_sliced")
     return {
+        "slices_run": slices,
         "speedup": speedup(t["serial"], t["ovl"]),
         "hidden": hidden_fraction(t["gemm"], t["ar"], t["ovl"]),
         "bound_ms": bound,

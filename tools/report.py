@@ -8,6 +8,8 @@ import os
 import tempfile
 from typing import Iterable, Sequence
 
+from backends.envs import OVERLAP_PLANS
+
 #: (column title, record key, format) of the terminal table, in order; max_abs_err and
 #: the spreads stay in JSON/CSV only (the table is wide enough)
 COLUMNS: Sequence[tuple[str, str, str]] = (
@@ -113,6 +115,17 @@ def write_records(json_path: str, csv_path: str, header: dict, records: list[dic
     return [json_path, csv_path]
 
 
+def slicing(record: dict) -> tuple[int, str]:
+    """(S, plan) of a record: the plot's series (the default plan where none is recorded)."""
+    return record["slices"], record.get("plan", OVERLAP_PLANS[0])
+
+
+def slicing_label(cut: tuple[int, str]) -> str:
+    """``S=4``, or ``S=4 growing`` for a plan other than the default."""
+    slices, plan = cut
+    return f"S={slices}" + ("" if plan == OVERLAP_PLANS[0] else f" {plan}")
+
+
 def write_png(path: str, title: str, records: list[dict],
               baseline: str = "stock (GEMM then AR)") -> None:
     """(a) speedup vs M per backend, (b) contention per backend and M."""
@@ -124,10 +137,10 @@ def write_png(path: str, title: str, records: list[dict],
     fig, (ax_speed, ax_cont) = plt.subplots(1, 2, figsize=(12, 4.5))
     timed = [r for r in records if r.get("speedup") is not None]
     for name in dict.fromkeys(r["backend"] for r in timed):
-        for slices in sorted({r["slices"] for r in timed if r["backend"] == name}):
+        for cut in sorted({slicing(r) for r in timed if r["backend"] == name}):
             pts = sorted((r["M"], r["speedup"]) for r in timed
-                         if r["backend"] == name and r["slices"] == slices)
-            ax_speed.plot(*zip(*pts), marker="o", label=f"{name} S={slices}")
+                         if r["backend"] == name and slicing(r) == cut)
+            ax_speed.plot(*zip(*pts), marker="o", label=f"{name} {slicing_label(cut)}")
     if timed:
         sizes_m = sorted({r["M"] for r in timed})
         ax_speed.axhline(1.0, color="grey", lw=0.8)
@@ -142,13 +155,13 @@ def write_png(path: str, title: str, records: list[dict],
         ax_speed.set(title="speedup")
     cont = [r for r in records if r.get("contention") is not None]
     names = list(dict.fromkeys(r["backend"] for r in cont))
-    sizes = sorted({(r["M"], r["slices"]) for r in cont})
+    sizes = sorted({(r["M"], slicing(r)) for r in cont})
     width = 0.8 / max(1, len(sizes))
-    for j, (rows, slices) in enumerate(sizes):
-        vals = {r["backend"]: r["contention"] for r in cont
-                if (r["M"], r["slices"]) == (rows, slices)}
+    for j, (rows, cut) in enumerate(sizes):
+        vals = {r["backend"]: r["contention"] for r in cont if (r["M"], slicing(r)) == (rows, cut)}
         ax_cont.bar([i + j * width for i, n in enumerate(names) if n in vals],
-                    [vals[n] for n in names if n in vals], width, label=f"M={rows} S={slices}")
+                    [vals[n] for n in names if n in vals], width,
+                    label=f"M={rows} {slicing_label(cut)}")
     if cont:
         ax_cont.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(names))], names)
         ax_cont.axhline(1.05, color="green", lw=0.8, ls="--", label="1.05x goal")

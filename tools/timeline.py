@@ -29,9 +29,10 @@ from typing import Sequence
 import torch
 
 import gpu_timing
+import report
+from backends.envs import OVERLAP_PLANS
 from overlap.op import check_inputs
 from overlap.runtime import OverlapRuntime
-from backends.envs import OVERLAP_PLANS
 from overlap.slicing import op_bounds
 
 GEMM_LANE = "GEMM (side stream)"
@@ -181,7 +182,7 @@ def summarize(events: Sequence[dict]) -> dict:
 def format_slices(entry: dict) -> str:
     """Per slice: GEMM ms, AR ms and the AR lane's idle gap before it, for the terminal."""
     t = summarize(entry["events"])
-    lines = [f"timeline {entry['backend']} M={entry['M']} S={entry['S']}{plan_label(entry)} "
+    lines = [f"timeline {entry['backend']} M={entry['M']} {entry_label(entry)} "
              f"({entry['path']}): "
              f"span {t['span_ms']:.3f} ms, AR idle {t['ar_idle_ms']:.3f} ms "
              f"({t['ar_idle_after_fill_ms']:.3f} after the fill)",
@@ -196,15 +197,15 @@ def format_slices(entry: dict) -> str:
     return "\n".join(lines)
 
 
-def plan_label(entry: dict) -> str:
-    """`` growing`` for a non-uniform slicing plan, nothing for the default."""
-    plan = entry.get("plan", OVERLAP_PLANS[0])
-    return "" if plan == OVERLAP_PLANS[0] else f" {plan}"
+def entry_label(entry: dict) -> str:
+    """``S=4``, or ``S=4 growing`` (report.slicing_label of the entry's S and plan)."""
+    return report.slicing_label((entry["S"], entry.get("plan", OVERLAP_PLANS[0])))
 
 
 def png_name(entry: dict) -> str:
-    return (f"timeline_{entry['backend']}_M{entry['M']}_S{entry['S']}"
-            f"{plan_label(entry).replace(' ', '_')}.png")
+    """``timeline_<backend>_M<M>_S<S>[_<plan>].png``"""
+    cut = entry_label(entry).replace("=", "").replace(" ", "_")
+    return f"timeline_{entry['backend']}_M{entry['M']}_{cut}.png"
 
 
 def write_json(path: str, header: dict, entries: list[dict]) -> None:
@@ -264,6 +265,6 @@ def write_all(out_dir: str, header: dict, entries: list[dict], png: bool) -> lis
     if png:
         for e in entries:
             paths.append(os.path.join(out_dir, png_name(e)))
-            write_png(paths[-1], e, f"{e['backend']} M={e['M']} S={e['S']}{plan_label(e)} "
+            write_png(paths[-1], e, f"{e['backend']} M={e['M']} {entry_label(e)} "
                                     f"({e['path']}) -- {header.get('label', '')}")
     return paths

@@ -27,8 +27,9 @@ import link
 import metrics
 import overlap
 import producer_inputs
+import report
 import timeline
-from backends.envs import BackendSettings
+from backends.envs import OVERLAP_PLANS, BackendSettings
 from backends.world import World
 from overlap import producers
 from overlap.config import OverlapSettings
@@ -51,12 +52,11 @@ class Case:
     #: record one op call's device events (GPU worlds; see tools/timeline.py)
     timeline: bool = False
     #: the op's slicing plan (overlap/slicing.py: uniform or growing)
-    plan: str = "uniform"
+    plan: str = OVERLAP_PLANS[0]
 
     def label(self) -> str:
-        """``backend M=.. S=..`` and the plan where it is not uniform (progress lines)."""
-        plan = "" if self.plan == "uniform" else f" {self.plan}"
-        return f"{self.backend} M={self.rows} S={self.slices}{plan}"
+        """``backend M=.. S=..`` and the plan where it is not the default (progress lines)."""
+        return f"{self.backend} M={self.rows} {report.slicing_label((self.slices, self.plan))}"
 
 
 def shard(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,60 @@
+"""The slicing plans in the compare tool: --plans parsing, one case per plan where the op
+slices, the labels and file names that tell the plans apart, and the plot's series."""
+
+import pytest
+
+import compare_backends
+import report
+import timeline
+
+
+def test_plans_make_one_case_each_where_the_op_slices():
+    args = compare_backends.parse_args(["--backends", "sdma,stock", "--m", "64", "--slices",
+                                        "1,4", "--plans", "growing,uniform,growing"])
+    assert args.plans == ["growing", "uniform"]  # duplicates dropped, order kept
+    got = [(c.backend, c.slices, c.plan, c.label()) for c in compare_backends.cases(args, "cpu")]
+    # one slice (and the never-sliced stock) is one plan, recorded as the default
+    assert got == [("sdma", 1, "uniform", "sdma M=64 S=1"),
+                   ("sdma", 4, "growing", "sdma M=64 S=4 growing"),
+                   ("sdma", 4, "uniform", "sdma M=64 S=4"),
+                   ("stock", 1, "uniform", "stock M=64 S=1")]
+
+
+@pytest.mark.parametrize("plans,message", [(",", "no plan named"), ("", "no plan named"),
+                                           ("uniform,ramp", "'ramp': expected one of")])
+def test_bad_plans_stop_the_tool(plans, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare_backends.parse_args(["--plans", plans])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_labels_and_timeline_names_tell_the_plans_apart():
+    assert report.slicing({"slices": 4}) == (4, "uniform")
+    assert report.slicing_label((4, "uniform")) == "S=4"
+    assert report.slicing_label((4, "growing")) == "S=4 growing"
+    entry = {"backend": "sdma", "M": 8192, "S": 4}
+    assert timeline.png_name(entry) == "timeline_sdma_M8192_S4.png"
+    assert timeline.png_name(dict(entry, plan="growing")) == "timeline_sdma_M8192_S4_growing.png"
+
+
+def test_the_plot_keeps_each_plan_its_own_series(tmp_path, monkeypatch):
+    """Two plans of one (backend, S) are two speedup lines and two contention bars."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    plotted, bars = [], []
+    real_plot, real_bar = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, *a, **k: (plotted.append(k.get("label")),
+                                             real_plot(ax, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar",
+                        lambda ax, *a, **k: (bars.append(k.get("label")),
+                                             real_bar(ax, *a, **k))[1])
+    records = [{"backend": "sdma", "M": m, "slices": 4, "plan": plan, "speedup": sp,
+                "contention": c}
+               for m in (8192, 16384)
+               for plan, sp, c in (("uniform", 1.08, 1.04), ("growing", 1.12, 1.06))]
+    report.write_png(tmp_path / "p.png", "t", records)
+    assert sorted(plotted) == ["sdma S=4", "sdma S=4 growing"]
+    assert sorted(bars) == ["M=16384 S=4", "M=16384 S=4 growing", "M=8192 S=4",
+                            "M=8192 S=4 growing"]
