@@ -218,7 +218,9 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
     ``test_emulated_ranks_through_the_op`` once the transport held one more stream).
 
     The returned object owns the handle: keep it (not only its ``cuda_stream`` integer)
-    for as long as work is enqueued on the stream."""
+    for as long as work is enqueued on the stream, and free what was allocated while it
+    was current (after a synchronization) before it goes: the caching allocator pools such
+    blocks under the handle, which a later stream may get again (docs/design.md 5.2)."""
     device = torch.device(device)
     plat = platform(device)
     if plat == "cpu":
@@ -235,7 +237,11 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
                              STREAM_NON_BLOCKING)
             destroy = hip.hipStreamDestroy
     handle = int(raw)  # the destroy takes the integer; no bindings object is kept
-    stream = _owning_stream_class(torch.cuda.ExternalStream)(handle, device=device)
+    try:
+        stream = _owning_stream_class(torch.cuda.ExternalStream)(handle, device=device)
+    except BaseException:
+        destroy(handle)  # nothing owns it yet
+        raise
     stream.destroy_call = destroy
     return stream
 
@@ -243,13 +249,10 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
 @functools.cache
 def _owning_stream_class(external: type) -> type:
     """The subclass of ``external`` (``torch.cuda.ExternalStream``) whose objects destroy
-    their stream when collected.
-
-    A ``__del__``, not ``weakref.finalize``: torch's CUDA stream type has a weak-reference
-    list that its deallocator never clears, so a weak reference to a stream dangles once
-    the stream is freed, its callback never runs, and the interpreter's last collection
-    writes through it. That was the segmentation fault at exit of the GPU test processes
-    (H200, torch 2.11: ``_PyWeakref_ClearRef`` in ``Py_FinalizeEx`` under cuda-gdb,
+    their stream when collected. A ``__del__``, not ``weakref.finalize``: torch's CUDA
+    stream deallocator never clears the object's weak references, so the callback never
+    ran and the interpreter's last collection wrote through the dangling reference: the
+    segmentation fault at exit of the GPU test processes (H200, torch 2.11, under cuda-gdb:
     tools/results/2026-12-03-h200-exit-crash/)."""
 
     class OwningStream(external):

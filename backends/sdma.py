@@ -49,9 +49,10 @@ class SdmaBackend(TransportBackend):
     peer_visible_input = True
     uses_call_streams = True
     # Fastest op time at M = 8192 and 16384 in two runs (H200, 4 emulated ranks,
-    # tools/results/2026-12-03-h200-final-2/): S = 4 2.716 / 2.719 ms against S = 8
-    # 2.821 / 2.796 and S = 1 3.039 / 2.969 at M = 8192; 5.331 / 5.361 against 5.372 /
-    # 5.408 at M = 16384. Finer slices make 2.5 MiB copies, below the engine's full rate.
+    # tools/results/2026-12-03-h200-final-2/, -wht6-host/sdma_again/): S = 4 2.716 / 2.719
+    # ms against S = 8 2.821 / 2.796 and S = 1 3.039 / 2.969 at M = 8192; 5.331 / 5.361
+    # against 5.372 / 5.408 at M = 16384. Finer slices make 2.5 MiB copies, below the
+    # engine's full rate.
     preferred_slices = 4
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,

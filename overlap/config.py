@@ -26,12 +26,21 @@ class OverlapSettings:
     #: the backend knobs (spin timeout, sdma schedule, oneshot CTAs); default: the knobs'
     #: defaults, not the environment (from_env reads them from it)
     backend_settings: BackendSettings = field(default_factory=BackendSettings)
-    plan: str = envs.OVERLAP_PLANS[0]  # RADIANCE_AR_OVERLAP_PLAN (overlap/slicing.py)
+    #: RADIANCE_AR_OVERLAP_PLAN (overlap/slicing.py); keyword-only, after the settings
+    plan: str = field(default=envs.OVERLAP_PLANS[0], kw_only=True)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.plan, str) or not isinstance(self.backend_settings,
+                                                            BackendSettings):
+            raise TypeError(f"OverlapSettings: plan {self.plan!r} must be a str and "
+                            f"backend_settings a BackendSettings")
         if self.plan not in envs.OVERLAP_PLANS:
             raise ValueError(f"OverlapSettings: plan {self.plan!r}: expected one of "
                              f"{', '.join(envs.OVERLAP_PLANS)}")
+        if self.slices != "auto" and (not isinstance(self.slices, int)
+                                      or isinstance(self.slices, bool) or self.slices < 1):
+            raise ValueError(f"OverlapSettings: slices {self.slices!r}: expected an int >= 1 "
+                             "or 'auto'")
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:

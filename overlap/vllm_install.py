@@ -27,6 +27,7 @@ from typing import Any, Iterable
 import torch
 
 import backends
+from backends.envs import OVERLAP_PLANS
 import overlap.op  # noqa: F401 -- registers torch.ops.radiance.linear_ar
 from backends.interface import Backend
 from overlap.config import OverlapSettings, from_env
@@ -160,11 +161,15 @@ class InstallReport:
         if not s.enabled:
             return "radiance-ar: RADIANCE_AR_OVERLAP=0, every RowParallel linear left stock"
         total = len(self.routed) + len(self.already) + sum(map(len, self.left.values()))
-        slices = (f"auto = {backends.get(s.backend).preferred_slices}" if s.slices == "auto"
-                  else s.slices)
+        cls = backends.get(s.backend)
+        slices = ("unsliced" if not cls.pipelined
+                  else f"slices auto = {cls.preferred_slices}" if s.slices == "auto"
+                  else f"slices {s.slices}")
+        if cls.pipelined and s.plan != OVERLAP_PLANS[0]:
+            slices += f" {s.plan}"
         head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
                 f"through radiance::linear_ar (backend {s.backend}, tp {self.tp_size}, "
-                f"slices {slices}, min_m {s.min_m})")
+                f"{slices}, min_m {s.min_m})")
         if self.producers:
             kinds = sorted(set(self.producers.values()))
             head += "; producers: " + ", ".join(

@@ -34,6 +34,11 @@ def test_defaults():
     assert from_env({"RADIANCE_AR_OVERLAP_PLAN": "growing"}).plan == "growing"
     with pytest.raises(ValueError, match="plan 'ramp': expected one of uniform, growing"):
         OverlapSettings(True, "stock", 8, 4, plan="ramp")
+    with pytest.raises(TypeError, match="backend_settings a BackendSettings"):
+        OverlapSettings(True, "stock", 8, 4, "growing")  # the plan is keyword-only
+    for slices in ("4", 0, True, 2.0):
+        with pytest.raises(ValueError, match="expected an int >= 1 or 'auto'"):
+            OverlapSettings(True, "stock", 8, slices)
     assert s.backend_settings == envs.BackendSettings() == envs.BackendSettings(1000.0, "auto", 32)
 
 

@@ -82,7 +82,7 @@ def test_emulated_ranks_through_the_op(size, schedule, release):
     for s, plan in ((1, "uniform"), (2, "uniform"), (3, "uniform"), (4, "uniform"),
                     (7, "uniform"), (3, "growing"), (5, "growing")):
         settings = OverlapSettings(True, "sdma", 1, s, BackendSettings(sdma_schedule=schedule),
-                                   plan)
+                                   plan=plan)
         rts = [overlap.build(wd, settings) for wd in ranks.worlds]
         for rt in rts:
             assert rt.backend.schedule == schedule
@@ -206,7 +206,7 @@ destroyed = []
 x = torch.ones(1 << 20, device="cuda")
 for _ in range(64):
     s = copy_engine.dedicated_stream(torch.device("cuda", 0))
-    handle, destroy = s.cuda_stream, s.destroy_call
+    destroy = s.destroy_call
     s.destroy_call = lambda h, destroy=destroy: (destroyed.append(h), destroy(h))
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

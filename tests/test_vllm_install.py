@@ -108,12 +108,14 @@ def test_plan_takes_the_eligible_and_groups_the_rest_by_reason():
     report.routed = [n for n, _, _ in chosen]
     text = report.summary()
     assert text.startswith("radiance-ar: routed 2 of 6 RowParallel linears through "
-                           "radiance::linear_ar (backend stock, tp 2, slices 4, min_m 2048)")
+                           "radiance::linear_ar (backend stock, tp 2, unsliced, min_m 2048)")
     assert f"left stock: 2 ({vi.HAS_BIAS}), e.g. biased" in text
     assert f"left stock: 1 ({NO_PRODUCER}" in text
     for backend, slices in (("sdma", 4), ("sdma_wht6", 1)):  # auto: the backend's own
         auto = vi.InstallReport(OverlapSettings(True, backend, 2048, "auto"), tp_size=2)
         assert f"(backend {backend}, tp 2, slices auto = {slices}, " in auto.summary()
+    grown = vi.InstallReport(OverlapSettings(True, "sdma", 2048, 5, plan="growing"), tp_size=2)
+    assert "(backend sdma, tp 2, slices 5 growing, min_m 2048)" in grown.summary()
 
 
 #: an output width that is not a multiple of the wht6 block (256), e.g. gpt-oss's hidden size

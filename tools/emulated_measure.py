@@ -43,7 +43,7 @@ def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
 def verify(case: Case, size: int, device: torch.device) -> dict:
     ranks = EmulatedRanks(size, device)
     settings = OverlapSettings(True, case.backend, 1, case.slices, BackendSettings.from_env(),
-                               case.plan)
+                               plan=case.plan)
     runtimes = [overlap.build(w, settings) for w in ranks.worlds]
     data = [producer_inputs.operands(case.producer, *shard(case, rank, device))
             for rank in range(size)]
@@ -87,7 +87,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     world = emulated_worlds(size, device)[0]
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
-                                              case.plan))
+                                              plan=case.plan))
     serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1, knobs))
     backend = rt.backend
     ops = producer_inputs.operands(case.producer, *shard(case, 0, device))

@@ -119,7 +119,7 @@ def measure(world: World, case: Case) -> dict:
     """Collective. A record (rank 0's timings; errors and digests of every rank)."""
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
-                                              case.plan))
+                                              plan=case.plan))
     stock = overlap.build(world, OverlapSettings(True, "stock", 1, 1, knobs))
     try:
         return _measure(world, case, rt, stock)
