@@ -26,7 +26,7 @@ for f in ${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}; do
     timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" > "$log" 2>&1
     rc=$?  # kept: a crash at interpreter exit (139) follows the pytest summary line
     { echo "===== $f"; cat "$log"; } >> "$out/pytest_full.log"
-    verdict=$(grep -E '(passed|failed|errors?|deselected|skipped) in [0-9.]+s' "$log" | tail -1)
+    verdict=$(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$log" | tail -1)  # pytest's last line
     echo "$f: rc $rc: ${verdict:-no pytest summary (killed or crashed first)} (${SECONDS}s)" \
         >> "$out/summary.log"
 done
