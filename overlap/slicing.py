@@ -30,7 +30,7 @@ def slice_count(setting: int | str, backend: Any) -> int:
     return backend.preferred_slices if setting == "auto" else setting
 
 
-def slice_bounds(rows: int, slices: int, align: int = 1, plan: str = "uniform") -> list[int]:
+def slice_bounds(rows: int, slices: int, align: int = 1, plan: str = PLANS[0]) -> list[int]:
     """``[b0=0, b1, ..., bS'=rows]``: slice ``s`` covers rows ``b[s]:b[s+1]``.
 
     Interior bounds are multiples of ``align`` (a GEMM tile or a codec's row group).
@@ -47,7 +47,7 @@ def slice_bounds(rows: int, slices: int, align: int = 1, plan: str = "uniform") 
     if plan not in PLANS:
         raise ValueError(f"slice_bounds: plan {plan!r}: expected one of {', '.join(PLANS)}")
     units = -(-rows // align)
-    if plan == "uniform":
+    if plan == PLANS[0]:  # uniform
         count = min(slices, units)
         return [min((i * units // count) * align, rows) for i in range(count + 1)]
     # 2^count - 1 <= units: consecutive bounds then differ by at least one unit
