@@ -1,5 +1,6 @@
-"""The slicing plans in the compare tool: --plans parsing, one case per plan where the op
-slices, the labels and file names that tell the plans apart, and the plot's series."""
+"""The slicing plans and slice counts in the compare tool: --plans and --slices (with
+auto) parsing, one case per plan where the op slices, the labels and file names that tell
+the plans apart, and the plot's series."""
 
 import pytest
 
@@ -58,3 +59,21 @@ def test_the_plot_keeps_each_plan_its_own_series(tmp_path, monkeypatch):
     assert sorted(plotted) == ["sdma S=4", "sdma S=4 growing"]
     assert sorted(bars) == ["M=16384 S=4", "M=16384 S=4 growing", "M=8192 S=4",
                             "M=8192 S=4 growing"]
+
+
+def test_auto_slices_are_each_backends_own_and_not_measured_twice():
+    args = compare_backends.parse_args(["--backends", "sdma,sdma_wht6,stock", "--m", "64",
+                                        "--slices", "1,auto,4"])
+    assert args.slices == [1, "auto", 4]
+    got = [(c.backend, c.slices) for c in compare_backends.cases(args, "cpu")]
+    # sdma's auto is 4 and sdma_wht6's is 1 (Backend.preferred_slices): each case once
+    assert got == [("sdma", 1), ("sdma", 4), ("sdma_wht6", 1), ("sdma_wht6", 4), ("stock", 1)]
+
+
+@pytest.mark.parametrize("slices,message", [(",", "expected integers >= 1 or auto"),
+                                            ("auto,0", "expected integers >= 1"),
+                                            ("Auto", "comma-separated integers")])
+def test_bad_slice_lists_stop_the_tool(slices, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare_backends.parse_args(["--slices", slices])
+    assert e.value.code == 2 and message in capsys.readouterr().err

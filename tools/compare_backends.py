@@ -66,6 +66,14 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def slice_list(text: str) -> list[int | str]:
+    """``--slices``: integers >= 1 and ``auto`` (each backend's ``preferred_slices``)."""
+    words = [v.strip() for v in text.split(",") if v.strip()]
+    if not words:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers >= 1 or auto")
+    return [w if w == "auto" else int_list(w)[0] for w in words]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=4,
@@ -82,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows (tokens) to measure, e.g. 2048,8192; default by device")
     p.add_argument("--n", type=int, default=None, help="output columns N of the linear")
     p.add_argument("--k", type=int, default=None, help="input columns K (this rank's shard)")
-    p.add_argument("--slices", type=int_list, default=[4], help="slice counts S; default 4")
+    p.add_argument("--slices", type=slice_list, default=[4],
+                   help="slice counts S, and auto: each backend's own (what the op runs with "
+                        "RADIANCE_AR_OVERLAP_SLICES=auto); default 4")
     p.add_argument("--plans", default=OVERLAP_PLANS[0],
                    help="comma-separated slicing plans of the op (RADIANCE_AR_OVERLAP_PLAN): "
                         f"{', '.join(OVERLAP_PLANS)}; default {OVERLAP_PLANS[0]}")
@@ -145,11 +155,12 @@ def cases(args: argparse.Namespace, device: str) -> list[Case]:
     reps, warmup = args.reps or base["reps"], args.warmup if args.warmup is not None else base["warmup"]
     out = []
     for name in args.backends:
-        pipelined = backends.get(name).pipelined
+        cls = backends.get(name)
+        counts = [cls.preferred_slices if s == "auto" else s for s in args.slices]
         for rows in m:
-            for s in (args.slices if pipelined else [1]):
+            for s in (list(dict.fromkeys(counts)) if cls.pipelined else [1]):
                 # one slice is one plan, recorded as the default: the others would repeat it
-                for plan in (args.plans if pipelined and s > 1 else OVERLAP_PLANS[:1]):
+                for plan in (args.plans if cls.pipelined and s > 1 else OVERLAP_PLANS[:1]):
                     out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
                                     producer=args.producer, plan=plan,
                                     timeline=args.timeline and device == "gpu"))
