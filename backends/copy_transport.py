@@ -185,14 +185,13 @@ class CopyTransport:
         finally:
             caller.wait_stream(own)
 
-    @contextlib.contextmanager
-    def on_call_stream(self, caller: int, footprint: Footprint) -> Iterator[int]:
+    def on_call_stream(self, caller: int,
+                       footprint: Footprint) -> contextlib.AbstractContextManager[int]:
         """The stream one call's steps go on, entered from the ``caller`` stream: the
         caller's itself, or one of two call streams (:mod:`backends.call_streams`), ordered
         after the caller's work so far and, outside :meth:`overlapped`, before its later
         work. ``footprint``: what the call touches (calls that share bytes never overlap)."""
-        with self.call_streams.call(caller, footprint) as stream:
-            yield stream
+        return self.call_streams.call(caller, footprint)
 
     def overlapped(self) -> contextlib.AbstractContextManager:
         """A block whose calls may overlap each other; the caller's stream waits for all
@@ -358,7 +357,7 @@ class CopyTransport:
         if self._own_stream is not None:
             lanes[self._own_stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
         for k, handle in enumerate(self.call_streams.handles()):
-                lanes[handle] = f"AR steps (call stream {k})"
+            lanes[handle] = f"AR steps (call stream {k})"
         if self.lane is not None:
             lanes[self.lane.handle] = "publish lane"
         self.trace = StepTrace(self.world.device, lanes)

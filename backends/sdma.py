@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import torch
 
+from backends.call_streams import Footprint
 from backends.copy_engine import host_array
 from backends.envs import BackendSettings
 from backends.interface import (check_capacity_args, check_slice, copy_unless_same,
                                 refuse_growth_in_capture)
-from backends.call_streams import Footprint
 from backends.peer_memory import typed_view
 from backends.registry import register
 from backends.sdma_schedule import auto_schedule, schedule_wire_bytes, shard_bounds

@@ -33,6 +33,8 @@ On the CPU the lanes are no-ops and the same code runs in program order.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from backends.interface import Backend
@@ -51,8 +53,22 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
             a, b = bounds[s], bounds[s + 1]
             producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
             lanes.mark_side(s)
-    with backend.overlapped_calls():  # slice s+1's AR may start before slice s's ends
-        for s in range(slices):
+    reduce_slices(backend, y, out, bounds, before=lanes.caller_waits)
+
+
+def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: list[int],
+                  before: Callable[[int], None] | None = None,
+                  after: Callable[[int], None] | None = None) -> None:
+    """``out[b_s:b_s+1] = sum over ranks of y[b_s:b_s+1]`` for every slice s, one
+    ``all_reduce`` each, as the op calls them: inside ``backend.overlapped_calls()``, so
+    slice s+1's AR may start before slice s's ends and the current stream is ordered
+    after all of them on return. ``before(s)`` / ``after(s)`` run around slice s's call
+    (the op: the wait for GEMM s; the timeline: its events)."""
+    with backend.overlapped_calls():
+        for s in range(len(bounds) - 1):
             a, b = bounds[s], bounds[s + 1]
-            lanes.caller_waits(s)
+            if before is not None:
+                before(s)
             backend.all_reduce(y[a:b], out[a:b])
+            if after is not None:
+                after(s)

@@ -172,3 +172,34 @@ def test_the_slices_are_the_knobs_or_for_auto_the_backends_choice(setting, prefe
     out = forward(rt, x, w, None, "bf16")
     assert calls == sizes
     torch.testing.assert_close(out.float(), (x.float() @ w.float().T), rtol=2e-2, atol=2e-2)
+
+
+def test_reduce_slices_calls_each_slice_in_one_overlapped_block_between_its_hooks():
+    """overlap.pipeline.reduce_slices, which the op, the sliced-AR timing and the timeline
+    share: one all_reduce per slice on its rows, all inside overlapped_calls(), each
+    between before(s) and after(s)."""
+    import contextlib
+
+    from overlap.pipeline import reduce_slices
+
+    log = []
+
+    class Recording:
+        @contextlib.contextmanager
+        def overlapped_calls(self):
+            log.append("enter")
+            yield
+            log.append("exit")
+
+        def all_reduce(self, slice_in, out):
+            log.append(("ar", slice_in.data_ptr(), out.shape[0]))
+            out.copy_(slice_in * 2)
+
+    y, out = torch.arange(10.0).reshape(5, 2), torch.full((5, 2), float("nan"))
+    reduce_slices(Recording(), y, out, [0, 1, 3, 5], before=lambda s: log.append(("b", s)),
+                  after=lambda s: log.append(("a", s)))
+    row = y.stride(0) * y.element_size()
+    assert log == ["enter", ("b", 0), ("ar", y.data_ptr(), 1), ("a", 0),
+                   ("b", 1), ("ar", y.data_ptr() + row, 2), ("a", 1),
+                   ("b", 2), ("ar", y.data_ptr() + 3 * row, 2), ("a", 2), "exit"]
+    assert torch.equal(out, y * 2)

@@ -73,9 +73,9 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
     is ahead from the start; that head start would hide part of a host-bound call's
     time, so a sample is the larger of the per-call device time and the per-call host
     time of the timed calls (the rate a long stream of them runs at). ``before()`` (e.g.
-    a barrier across ranks) runs untimed ahead of every sample. ``host_ms``: also append each sample's host time per timed
-    call (the Python calls that enqueue it). The heap is frozen first, as a serving
-    process freezes it after warm-up (:mod:`harness.host`)."""
+    a barrier across ranks) runs untimed ahead of every sample. ``host_ms``: also append
+    each sample's host time per timed call (the Python calls that enqueue it). The heap
+    is frozen first, as a serving process freezes it after warm-up (:mod:`harness.host`)."""
     freeze_heap()
     warm_host = []
     for i in range(warmup):
@@ -114,9 +114,10 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
     another stream (sized by the caller to outlast it), one sample per repeat.
 
     Both streams are held by one event until the host has enqueued both (a device sleep
-    of :data:`LEAD_CALLS` times the longest host time of a repeat so far), so where ``main_fn`` lands in the side
-    work does not depend on how fast the host enqueues it: repeat k starts ``main_fn``
-    ``phases_ms[k % len(phases_ms)]`` after the side work (a device sleep; default 0)."""
+    of :data:`LEAD_CALLS` times the longest host time of a repeat so far), so where
+    ``main_fn`` lands in the side work does not depend on how fast the host enqueues it:
+    repeat k starts ``main_fn`` ``phases_ms[k % len(phases_ms)]`` after the side work (a
+    device sleep; default 0)."""
     side, gate = torch.cuda.Stream(), torch.cuda.Stream()
     main = torch.cuda.current_stream()
     go = torch.cuda.Event()

@@ -32,6 +32,7 @@ import gpu_timing
 import report
 from backends.envs import OVERLAP_PLANS
 from overlap.op import check_inputs
+from overlap.pipeline import reduce_slices
 from overlap.runtime import OverlapRuntime
 from overlap.slicing import op_bounds
 
@@ -109,21 +110,26 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
                     end.record(lanes.side)
                     lanes.mark_side(s)
                     spans.append((GEMM_LANE, s, start, end, host))
+            started: dict[int, tuple[torch.cuda.Event, float]] = {}
+
+            def before(s: int) -> None:
+                lanes.caller_waits(s)
+                # Recorded after the wait: the AR lane's start is when its input is ready;
+                # its end, where the call's steps run on streams of their own
+                # (backends.call_streams), is its last step's (below).
+                started[s] = begin()
+                started[s][0].record()
+                if trace is not None:
+                    trace.slice = s
+
+            def after(s: int) -> None:
+                end = _event()
+                end.record()
+                start, host = started.pop(s)
+                spans.append((AR_LANE, s, start, end, host))
+
             try:
-                with backend.overlapped_calls():  # as the op calls them
-                    for s in range(len(bounds) - 1):
-                        a, b = bounds[s], bounds[s + 1]
-                        lanes.caller_waits(s)
-                        # Recorded after the wait: the AR lane's start is when its input is
-                        # ready; its end, where the call's steps run on streams of their own
-                        # (backends.call_streams), is its last step's (below).
-                        (start, host), end = begin(), _event()
-                        start.record()
-                        if trace is not None:
-                            trace.slice = s
-                        backend.all_reduce(y[a:b], out[a:b])
-                        end.record()
-                        spans.append((AR_LANE, s, start, end, host))
+                reduce_slices(backend, y, out, bounds, before, after)  # as the op calls them
             finally:
                 backend.stop_trace()
     torch.cuda.synchronize(device)

@@ -34,6 +34,7 @@ from backends.world import World
 from overlap import producers
 from overlap.config import OverlapSettings
 from overlap.op import forward
+from overlap.pipeline import reduce_slices
 from overlap.scratch import ScratchPool
 from overlap.slicing import slice_bounds
 
@@ -94,9 +95,7 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
     bounds = slice_plan(case, case.slices)
 
     def ar_sliced(i):
-        with backend.overlapped_calls():  # as the op calls them
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                backend.all_reduce(ar_in[a:b], ar_out[a:b])
+        reduce_slices(backend, ar_in, ar_out, bounds)
 
     timed = list(fns.items())
     if len(bounds) > 2:  # one slice is the unsliced AR: no overhead to measure

@@ -43,6 +43,12 @@ def _sm_count(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _default_ctas(gpu: bool) -> int:
+    """Two CTAs per SM of the current device (RADIANCE_AR_SDMA_REDUCE_CTAS=0), 4 under the
+    CPU interpreter."""
+    return 2 * _sm_count(torch.cuda.current_device()) if gpu else 4
+
+
 def _check(inputs: Sequence[torch.Tensor], out: torch.Tensor, also: torch.Tensor | None) -> None:
     if not isinstance(inputs, (list, tuple)) or not 1 <= len(inputs) <= MAX_INPUTS:
         raise ValueError(f"reduce_sum: inputs must be a list of 1..{MAX_INPUTS} tensors, got "
@@ -87,8 +93,7 @@ def reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
     if ctas is not None and (not isinstance(ctas, int) or isinstance(ctas, bool) or ctas < 1):
         raise ValueError(f"reduce_sum: ctas must be an int >= 1, got {ctas!r}")
     if out.numel():
-        default = 2 * _sm_count(torch.cuda.current_device()) if out.is_cuda else 4
-        _launch(list(inputs), out, also, out.numel(), None, ctas or default)
+        _launch(list(inputs), out, also, out.numel(), None, ctas or _default_ctas(out.is_cuda))
 
 
 def launch_reduce(inputs: Sequence[int], out: int, also: int | None, n: int,
@@ -100,7 +105,7 @@ def launch_reduce(inputs: Sequence[int], out: int, also: int | None, n: int,
     assert 1 <= len(inputs) <= MAX_INPUTS and n > 0, (len(inputs), n)
     _launch([Address(a, dtype) for a in inputs], Address(out, dtype),
             None if also is None else Address(also, dtype), n, stream,
-            ctas or 2 * _sm_count(torch.cuda.current_device()))
+            ctas or _default_ctas(True))
 
 
 def _launch(inputs: list, out: Any, also: Any, n: int, stream: int | None, ctas: int) -> None:
