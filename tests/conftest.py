@@ -1,6 +1,6 @@
 """Shared test plumbing: GPU markers skip cleanly without a device; CPU worlds are pooled.
 
-``cpu_world(W)`` returns a :class:`harness.cpu_world.CpuWorldPool` of W gloo processes,
+``cpu_world(W)`` returns a :class:`radiance_ar.harness.cpu_world.CpuWorldPool` of W gloo processes,
 started once per pytest run and closed at the end (a process start costs seconds).
 """
 
@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from backends import envs
-from harness.cpu_world import CpuWorldPool
+from radiance_ar import envs
+from radiance_ar.harness.cpu_world import CpuWorldPool
 
 # The tools are scripts (run as ``python tools/x.py``, their folder first on the path), not
 # a package: the tests import their modules the same way, from one place.

@@ -14,10 +14,10 @@ import time
 import torch
 import torch.distributed as dist
 
-import overlap
-from backends.envs import BackendSettings
-from backends.world import World
-from overlap.config import OverlapSettings
+from radiance_ar import overlap
+from radiance_ar.envs import BackendSettings
+from radiance_ar.world import World
+from radiance_ar.overlap.config import OverlapSettings
 from world_jobs import reference, rel_rms, shard
 
 N = 256  # one wht6 block: every backend serves it

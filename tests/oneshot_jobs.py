@@ -16,13 +16,13 @@ import time
 
 import torch
 
-import overlap
+from radiance_ar import overlap
 import world_jobs
-from backends import wht6
-from backends.oneshot_wht6 import OneshotWht6Backend
-from backends.world import World
-from overlap.config import OverlapSettings
-from overlap.slicing import slice_bounds
+from radiance_ar import wht6
+from radiance_ar.backends.oneshot_wht6 import OneshotWht6Backend
+from radiance_ar.world import World
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.slicing import slice_bounds
 
 DT = torch.bfloat16
 

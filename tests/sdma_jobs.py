@@ -14,13 +14,13 @@ import time
 import numpy as np
 import torch
 
-import overlap
+from radiance_ar import overlap
 import world_jobs
-from backends.envs import BackendSettings
-from backends.sdma import SdmaBackend
-from backends.world import World
-from overlap.config import OverlapSettings
-from overlap.slicing import slice_bounds
+from radiance_ar.envs import BackendSettings
+from radiance_ar.backends.sdma import SdmaBackend
+from radiance_ar.world import World
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.slicing import slice_bounds
 
 DT = torch.bfloat16
 

@@ -1,7 +1,7 @@
 """Jobs for the sdma_wht6 tests (module-level: the CPU world pickles them by name).
 
 The references are built from the codec's plain-torch reference functions
-(``backends.wht6.reference``), never through the backend or its transport: one-shot
+(``radiance_ar.wht6.reference``), never through the backend or its transport: one-shot
 must equal the decode-accumulate of every rank's payload in rank order, two-shot the
 same sum encoded and decoded once more, bit for bit.
 """
@@ -14,15 +14,15 @@ import time
 import torch
 import torch.distributed as dist
 
-import overlap
+from radiance_ar import overlap
 from oneshot_jobs import make_input  # codec-friendly inputs (row scales 2^-4..2^4)
-from backends import sdma_schedule
-from backends.envs import BackendSettings
-from backends.sdma_wht6 import SdmaWht6Backend
-from backends.wht6 import reference as codec
-from backends.world import World
-from overlap.config import OverlapSettings
-from overlap.slicing import slice_bounds
+from radiance_ar.backends import sdma_schedule
+from radiance_ar.envs import BackendSettings
+from radiance_ar.backends.sdma_wht6 import SdmaWht6Backend
+from radiance_ar.wht6 import reference as codec
+from radiance_ar.world import World
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.slicing import slice_bounds
 
 DT = torch.bfloat16
 

@@ -4,11 +4,11 @@ problem, nothing half-written, the ranks still in step so that the next call is 
 import pytest
 import torch
 
-import backends
-import overlap
+from radiance_ar import backends
+from radiance_ar import overlap
 import world_jobs
-from backends.world import World
-from overlap.config import OverlapSettings
+from radiance_ar.world import World
+from radiance_ar.overlap.config import OverlapSettings
 
 
 def bad_then_good_job(world: World, backend: str) -> dict:

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from backends.call_contract import (CallSignature, CollectiveMismatchError, PeerAbortedError,
-                                    PeerTimeoutError, ResyncRequiredError, device_tag, host_tag)
-from backends.peer_memory import PeerBuffer
-from backends.signals import FLAG_BYTES, PASSIVE_EPOCH, CpuSignals
+from radiance_ar.call_contract import (CallSignature, CollectiveMismatchError, PeerAbortedError,
+    PeerTimeoutError, ResyncRequiredError, device_tag, host_tag)
+from radiance_ar.transport.peer_memory import PeerBuffer
+from radiance_ar.transport.signals import FLAG_BYTES, PASSIVE_EPOCH, CpuSignals
 
 BF16 = torch.bfloat16
 
@@ -151,8 +151,8 @@ def test_the_gpu_diagnosis_tells_a_peer_stuck_inside_the_call_from_one_in_anothe
     timeout naming it; a peer in that epoch with another signature is a mismatch."""
     from collections import deque
 
-    from backends.gpu_signals import GpuSignals
-    from backends.signals import Signals
+    from radiance_ar.transport.gpu_signals import GpuSignals
+    from radiance_ar.transport.signals import Signals
 
     peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
     gpu = GpuSignals.__new__(GpuSignals)  # its stream operations are not used here

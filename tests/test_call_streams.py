@@ -1,4 +1,4 @@
-"""backends.call_streams with stand-in streams and events (no GPU here): which stream a
+"""radiance_ar.transport.call_streams with stand-in streams and events (no GPU here): which stream a
 call runs on, what it waits for, and what the caller waits for, in and out of a block.
 
 Each event logs the record it holds (``end0#2``: event end0 as recorded the 2nd time), so
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends import call_streams
-from backends.call_streams import CallStreams, Footprint
+from radiance_ar.transport import call_streams
+from radiance_ar.transport.call_streams import CallStreams, Footprint
 
 
 class FakeEvent:
@@ -150,7 +150,7 @@ def test_the_reuse_fence_keeps_its_entries_when_it_ran_on_a_call_stream():
     """CopyTransport.fence with stand-ins: a fence on a call stream waits, but later calls
     may run on the other stream, so the entries stay for their fences; a fence on the
     caller's stream (which every later call follows) retires them."""
-    from backends.copy_transport import CopyTransport
+    from radiance_ar.transport.copy_transport import CopyTransport
 
     waits = []
 
@@ -175,8 +175,8 @@ def test_the_reuse_fence_keeps_its_entries_when_it_ran_on_a_call_stream():
 
 
 def test_emulated_ranks_get_two_call_streams_only_within_the_hardware_queues():
-    from backends.transport_backend import emulated_streams_reason
-    from backends.world import World
+    from radiance_ar.backends.transport_backend import emulated_streams_reason
+    from radiance_ar.world import World
 
     class Mem:
         def __init__(self, kind):
@@ -193,10 +193,10 @@ def test_emulated_ranks_get_two_call_streams_only_within_the_hardware_queues():
 
 
 def test_the_ops_side_stream_is_replaced_when_the_pool_hands_out_the_callers(monkeypatch):
-    """overlap.lanes.Lanes with stand-in streams (no GPU here): torch's pool may give the
+    """radiance_ar.overlap.lanes.Lanes with stand-in streams (no GPU here): torch's pool may give the
     side stream the caller's stream; the next call then takes a fresh side stream, ordered
     after the old one, and the GEMMs no longer queue behind the all-reduces."""
-    from overlap.lanes import Lanes
+    from radiance_ar.overlap.lanes import Lanes
 
     log = []
 

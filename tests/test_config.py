@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-import backends
-from backends import envs
-from overlap.config import OverlapSettings, from_env
+from radiance_ar import backends
+from radiance_ar import envs
+from radiance_ar.overlap.config import OverlapSettings, from_env
 
 BAD_VALUES = {
     "RADIANCE_AR_OVERLAP": ["2", "yes", "on", " 1x"],
@@ -222,8 +222,8 @@ def test_backends_that_wait_on_peers_say_so():
 
 
 def test_the_runtime_hands_its_backend_settings_to_the_backends():
-    import overlap
-    from backends.world import single_world
+    from radiance_ar import overlap
+    from radiance_ar.world import single_world
 
     knobs = envs.BackendSettings(spin_timeout_ms=300, oneshot_ctas=4)
     rt = overlap.build(single_world(), OverlapSettings(True, "oneshot_wht6", 1, 2, knobs))

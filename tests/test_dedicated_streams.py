@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from backends import copy_engine
+from radiance_ar.transport import copy_engine
 
 
 class Raw:

@@ -4,11 +4,11 @@ and every waiting backend refusing growth in capture (two emulated ranks)."""
 import pytest
 import torch
 
-import backends
-import overlap
+from radiance_ar import backends
+from radiance_ar import overlap
 import world_jobs
-from backends.world import emulated_worlds, single_world
-from overlap.config import OverlapSettings
+from radiance_ar.world import emulated_worlds, single_world
+from radiance_ar.overlap.config import OverlapSettings
 
 pytestmark = pytest.mark.gpu
 

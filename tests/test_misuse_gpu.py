@@ -8,13 +8,13 @@ right; after ``check()`` and ``resync()`` on every rank a fresh call is right ag
 import pytest
 import torch
 
-import overlap
+from radiance_ar import overlap
 import world_jobs
-from backends.call_contract import CollectiveError
-from backends.envs import BackendSettings
-from harness.emulated import EmulatedRanks
-from overlap.config import OverlapSettings
-from overlap.slicing import slice_bounds
+from radiance_ar.call_contract import CollectiveError
+from radiance_ar.envs import BackendSettings
+from radiance_ar.harness.emulated import EmulatedRanks
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.slicing import slice_bounds
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0)

@@ -22,13 +22,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import backends
-import overlap
+from radiance_ar import backends
+from radiance_ar import overlap
 import world_jobs
-from backends import envs
-from backends.interface import Backend
-from backends.world import World, from_process_group
-from overlap.config import OverlapSettings
+from radiance_ar import envs
+from radiance_ar.backends.interface import Backend
+from radiance_ar.world import World, from_process_group
+from radiance_ar.overlap.config import OverlapSettings
 
 LOCAL_RANK = envs.torchrun_local_rank()
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from interpreter import ROOT, run_under_interpreter
-from overlap import producer_mxfp4 as mx
-from overlap import producers
-from overlap.kernels import mxfp4_w4a8 as kernel
-from overlap.scratch import ScratchPool
+from radiance_ar.overlap import producer_mxfp4 as mx
+from radiance_ar.overlap import producers
+from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
+from radiance_ar.overlap.scratch import ScratchPool
 
 GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -139,8 +139,8 @@ def test_wrapper_refuses_bad_input_naming_it(change, message, monkeypatch):
 
 def test_overlap_imports_without_triton():
     script = ("import sys; sys.modules['triton'] = None\n"
-              "import overlap, torch\n"
-              "from overlap import producers, producer_mxfp4 as mx\n"
+              "import torch\n"
+              "from radiance_ar.overlap import producers, producer_mxfp4 as mx\n"
               "assert mx.NAME in producers.names()\n"
               "try:\n"
               "    mx.kernel._kernel()\n"
@@ -156,9 +156,9 @@ def test_overlap_imports_without_triton():
 
 INTERPRETER_SCRIPT = r"""
 import torch
-from overlap import producer_mxfp4 as mx, producers
-from overlap.kernels import mxfp4_w4a8 as K
-from overlap.scratch import ScratchPool
+from radiance_ar.overlap import producer_mxfp4 as mx, producers
+from radiance_ar.overlap.kernels import mxfp4_w4a8 as K
+from radiance_ar.overlap.scratch import ScratchPool
 C = K.LaunchConfig
 torch.manual_seed(0)
 for rows, n, k in ((37, 72, 192), (5, 40, 160)):  # tails in M and N; K = 160: a masked step
@@ -212,11 +212,12 @@ def test_kernel_matches_reference_under_the_interpreter():
 
 
 OP_SCRIPT = r"""
-import torch, overlap
-from backends.world import single_world
-from overlap import producer_mxfp4 as mx
-from overlap.config import OverlapSettings
-from overlap.op import forward
+import torch
+from radiance_ar import overlap
+from radiance_ar.world import single_world
+from radiance_ar.overlap import producer_mxfp4 as mx
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.op import forward
 torch.manual_seed(0)
 x = torch.randn(50, 96).to(torch.bfloat16)
 packed, scales = mx.quantize_weight(torch.randn(64, 96))

@@ -9,18 +9,18 @@ import time
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import backends  # noqa: E402
+from radiance_ar import backends  # noqa: E402
 from interpreter import run_under_interpreter  # noqa: E402
 import oneshot_jobs as jobs  # noqa: E402
 import world_jobs  # noqa: E402
-import overlap  # noqa: E402
-from backends.envs import BackendSettings  # noqa: E402
-from backends.oneshot_wht6 import OneshotWht6Backend  # noqa: E402
-from backends.signals import PeerTimeoutError  # noqa: E402
-from backends.world import World, single_world  # noqa: E402
-from harness.emulated import EmulatedRanks  # noqa: E402
-from overlap.config import OverlapSettings  # noqa: E402
-from overlap.slicing import slice_bounds  # noqa: E402
+from radiance_ar import overlap  # noqa: E402
+from radiance_ar.envs import BackendSettings  # noqa: E402
+from radiance_ar.backends.oneshot_wht6 import OneshotWht6Backend  # noqa: E402
+from radiance_ar.transport.signals import PeerTimeoutError  # noqa: E402
+from radiance_ar.world import World, single_world  # noqa: E402
+from radiance_ar.harness.emulated import EmulatedRanks  # noqa: E402
+from radiance_ar.overlap.config import OverlapSettings  # noqa: E402
+from radiance_ar.overlap.slicing import slice_bounds  # noqa: E402
 
 DT = torch.bfloat16
 BOUND = OneshotWht6Backend.rel_rms_bound
@@ -115,7 +115,7 @@ def test_arguments_are_checked(monkeypatch):
 
 
 def test_gate_refuses_what_it_cannot_serve():
-    from backends.peer_memory import LocalMemory
+    from radiance_ar.transport.peer_memory import LocalMemory
 
     big = World(0, 9, torch.device("cpu"), LocalMemory(torch.device("cpu")))
     assert "world size 9" in OneshotWht6Backend.unsupported_reason(big)
@@ -125,9 +125,9 @@ def test_gate_refuses_what_it_cannot_serve():
 
 INTERPRETER_SCRIPT = r"""
 import torch
-from backends.kernels import oneshot_wht6 as K
-from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
-from backends.kernels.wht6_encode import wht6_encode
+from radiance_ar.backends.kernels import oneshot_wht6 as K
+from radiance_ar.wht6.wht6_decode_accumulate import wht6_decode_accumulate
+from radiance_ar.wht6.wht6_encode import wht6_encode
 torch.manual_seed(0)
 G = 3  # CTAs: several tiles per CTA, and CTAs without tiles
 for rows, cols, size, rank in ((5, 512, 1, 0), (9, 768, 2, 1), (4, 320, 3, 0)):

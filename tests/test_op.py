@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-import overlap
+from radiance_ar import overlap
 import world_jobs
-from backends.world import single_world
-from overlap.config import OverlapSettings
-from overlap.op import forward
+from radiance_ar.world import single_world
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.op import forward
 
 OP = torch.ops.radiance.linear_ar.default
 
@@ -175,12 +175,12 @@ def test_the_slices_are_the_knobs_or_for_auto_the_backends_choice(setting, prefe
 
 
 def test_reduce_slices_calls_each_slice_in_one_overlapped_block_between_its_hooks():
-    """overlap.pipeline.reduce_slices, which the op, the sliced-AR timing and the timeline
+    """radiance_ar.overlap.pipeline.reduce_slices, which the op, the sliced-AR timing and the timeline
     share: one all_reduce per slice on its rows, all inside overlapped_calls(), each
     between before(s) and after(s)."""
     import contextlib
 
-    from overlap.pipeline import reduce_slices
+    from radiance_ar.overlap.pipeline import reduce_slices
 
     log = []
 

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-import backends.peer_memory as pm
-from harness.cpu_world import CpuWorldPool
+from radiance_ar.transport import peer_memory as pm
+from radiance_ar.harness.cpu_world import CpuWorldPool
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 

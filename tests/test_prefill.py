@@ -10,15 +10,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import backends
+from radiance_ar import backends
 import model_shapes
 import prefill_bench
 import prefill_emulated
 import prefill_measure
 import prefill_report
 import prefill_stack
-from backends.world import World
-from overlap import producers
+from radiance_ar.world import World
+from radiance_ar.overlap import producers
 
 TINY = model_shapes.rank_shapes(model_shapes.MODELS["tiny"], 2)
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import overlap
+from radiance_ar import overlap
 import world_jobs
-from backends.world import single_world
-from overlap import producers
-from overlap.config import OverlapSettings
-from overlap.producer_quant import PREFIX, bind_layer, shape_carrier
+from radiance_ar.world import single_world
+from radiance_ar.overlap import producers
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.producer_quant import PREFIX, bind_layer, shape_carrier
 
 FP8 = torch.float8_e4m3fn
 FP8_ON_CPU = pytest.mark.skipif(

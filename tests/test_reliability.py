@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import backends
+from radiance_ar import backends
 import world_jobs
-from harness.cpu_world import CpuWorldPool, WorldError
+from radiance_ar.harness.cpu_world import CpuWorldPool, WorldError
 
 import soak
 

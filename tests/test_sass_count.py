@@ -1,10 +1,10 @@
-"""diagnostics.sass_count: the opcode counter against hand-written SASS, and one real
+"""radiance_ar.diagnostics.sass_count: the opcode counter against hand-written SASS, and one real
 offline sm_90 compile where Triton's nvdisasm is installed."""
 import os
 
 import pytest
 
-from diagnostics import sass_count
+from radiance_ar.diagnostics import sass_count
 
 SASS = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;

@@ -8,11 +8,11 @@ import torch
 
 import sdma_jobs as jobs
 import world_jobs  # noqa: E402
-from backends.envs import BackendSettings
-from backends.sdma import SdmaBackend
-from backends.sdma_schedule import auto_schedule, shard_bounds
-from backends.world import single_world
-from overlap.slicing import slice_bounds
+from radiance_ar.envs import BackendSettings
+from radiance_ar.backends.sdma import SdmaBackend
+from radiance_ar.backends.sdma_schedule import auto_schedule, shard_bounds
+from radiance_ar.world import single_world
+from radiance_ar.overlap.slicing import slice_bounds
 
 SHAPES = [(1, 8), (5, 24), (16, 40), (7, 3), (33, 64)]
 
@@ -110,14 +110,14 @@ def test_schedule_and_timeout_settings_are_checked():
         SdmaBackend(single_world(), schedule="ring")  # a fixed schedule is checked alike
     with pytest.raises(ValueError, match=r"spin_timeout_ms=0 .*in \[1, 600000\]"):
         BackendSettings(spin_timeout_ms=0)
-    with pytest.raises(TypeError, match="settings must be a backends.envs.BackendSettings"):
+    with pytest.raises(TypeError, match="settings must be a radiance_ar.envs.BackendSettings"):
         SdmaBackend(single_world(), "twoshot")
     be = SdmaBackend(single_world(), BackendSettings(sdma_schedule="twoshot",
                                                      spin_timeout_ms=300))
     assert be.schedule == "twoshot"
     assert SdmaBackend(single_world(), be.settings, schedule="oneshot").schedule == "oneshot"
     with pytest.raises(ValueError, match="RADIANCE_AR_SDMA_SCHEDULE='fast'"):
-        import backends.envs as envs
+        from radiance_ar import envs as envs
         envs.get("RADIANCE_AR_SDMA_SCHEDULE", {"RADIANCE_AR_SDMA_SCHEDULE": "fast"})
 
 

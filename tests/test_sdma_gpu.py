@@ -10,16 +10,16 @@ import time
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import overlap  # noqa: E402
+from radiance_ar import overlap  # noqa: E402
 import sdma_jobs as jobs  # noqa: E402
 import world_jobs  # noqa: E402
-from backends.envs import BackendSettings  # noqa: E402
-from backends.sdma import SdmaBackend  # noqa: E402
-from backends.signals import PeerTimeoutError  # noqa: E402
-from backends.world import emulated_worlds  # noqa: E402
-from harness.emulated import EmulatedRanks  # noqa: E402
-from overlap.config import OverlapSettings  # noqa: E402
-from overlap.slicing import slice_bounds  # noqa: E402
+from radiance_ar.envs import BackendSettings  # noqa: E402
+from radiance_ar.backends.sdma import SdmaBackend  # noqa: E402
+from radiance_ar.transport.signals import PeerTimeoutError  # noqa: E402
+from radiance_ar.world import emulated_worlds  # noqa: E402
+from radiance_ar.harness.emulated import EmulatedRanks  # noqa: E402
+from radiance_ar.overlap.config import OverlapSettings  # noqa: E402
+from radiance_ar.overlap.slicing import slice_bounds  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0)
@@ -131,7 +131,7 @@ def test_missing_peer_is_reported_and_the_gpu_released(release):
 
 
 def test_triton_reduce_on_the_gpu_is_bit_exact_with_two_outputs():
-    from backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
+    from radiance_ar.backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
 
     for w in (1, 2, 3, 8):
         xs = [(torch.randn(100_003) * 64).to(DT) for _ in range(w)]
@@ -148,8 +148,8 @@ def test_triton_reduce_on_the_gpu_is_bit_exact_with_two_outputs():
 def test_reduce_by_address_mixes_variants_without_reusing_the_wrong_one():
     """Launches by address (fast_launch) alternate aligned and unaligned operands, sizes
     divisible by 16 or not, and 1: each must run the variant its arguments need."""
-    from backends.interface import current_stream_handle
-    from backends.kernels.reduce_sum import launch_reduce, reference_reduce_sum
+    from radiance_ar.streams import current_stream_handle
+    from radiance_ar.backends.kernels.reduce_sum import launch_reduce, reference_reduce_sum
 
     base = [(torch.randn(70_000) * 16).to(DT) for _ in range(4)]
     dev = [x.to(DEV) for x in base]
@@ -172,9 +172,9 @@ def test_the_default_streams_handle_maps_to_the_default_stream():
     objects must be the default stream itself. ``torch.cuda.ExternalStream(0)`` is a new
     pool stream, on which the publish lane's and the call-end events would not wait for
     the caller's work."""
-    from backends.copy_engine import CopyEngine
-    from backends.interface import current_stream_handle
-    from backends.trace import StepTrace
+    from radiance_ar.transport.copy_engine import CopyEngine
+    from radiance_ar.streams import current_stream_handle
+    from radiance_ar.transport.trace import StepTrace
 
     with torch.cuda.stream(torch.cuda.default_stream(DEV)):
         handle = current_stream_handle(DEV)
@@ -201,7 +201,7 @@ def test_dedicated_streams_are_destroyed_with_their_object_and_the_process_exits
 
     child = """
 import gc, torch
-from backends import copy_engine
+from radiance_ar.transport import copy_engine
 destroyed = []
 x = torch.ones(1 << 20, device="cuda")
 for _ in range(64):
@@ -258,7 +258,7 @@ def test_a_rank_on_the_default_stream_reduces_what_that_stream_wrote(schedule, r
 
 
 def test_transport_needs_no_compute_units():
-    from diagnostics import cu_free_check
+    from radiance_ar.diagnostics import cu_free_check
 
     results = {r.label.split(" (")[0]: r for r in cu_free_check.standard_checks(DEV)}
     for r in results.values():

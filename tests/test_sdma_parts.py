@@ -9,17 +9,17 @@ import pytest
 from interpreter import run_under_interpreter
 import torch
 
-from backends import copy_engine
-from backends.copy_engine import BindingsMissing, CopyEngineError
-from backends.copy_transport import CopyTransport
-from backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
-from backends.sdma import SdmaBackend
-from backends.world import World
+from radiance_ar.transport import copy_engine
+from radiance_ar.transport.copy_engine import BindingsMissing, CopyEngineError
+from radiance_ar.transport.copy_transport import CopyTransport
+from radiance_ar.backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
+from radiance_ar.backends.sdma import SdmaBackend
+from radiance_ar.world import World
 
 
 INTERPRETER_SCRIPT = r"""
 import torch
-from backends.kernels.reduce_sum import BLOCK, reduce_sum
+from radiance_ar.backends.kernels.reduce_sum import BLOCK, reduce_sum
 torch.manual_seed(0)
 # The interpreter rounds fp32 -> bf16 by truncation, so bf16 inputs are summed into an
 # fp32 output here (the bf16 store is checked on the GPU).
@@ -246,8 +246,8 @@ def test_resync_is_refused_in_a_gpu_symm_world():
 
 
 def test_passive_peer_fill_repeats_the_payload_into_every_other_rank_only():
-    from backends import passive_peers
-    from backends.peer_memory import PeerBuffer
+    from radiance_ar.transport import passive_peers
+    from radiance_ar.transport.peer_memory import PeerBuffer
 
     payload = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)  # 6 bytes
     fill = passive_peers.repeated_bytes(payload, 16)
@@ -265,8 +265,8 @@ def test_passive_peer_fill_repeats_the_payload_into_every_other_rank_only():
 
 
 def test_fast_launch_keys_apart_everything_triton_specializes_on():
-    from backends.kernels.fast_launch import _arg_class
-    from backends.kernels.pointers import Address
+    from radiance_ar.launch.fast_launch import _arg_class
+    from radiance_ar.launch.pointers import Address
 
     ints = [1, 2, 15, 16, 32, 2 ** 31 - 16, 2 ** 31, -(2 ** 31), -(2 ** 31) - 16, 2 ** 63]
     classes = [_arg_class(v) for v in ints]
@@ -291,7 +291,7 @@ def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
     caller on the default stream (handle 0) the steps go to the own stream, which first
     waits for the caller, is current meanwhile, and the caller waits for it after, also
     when the call raises. Another handle is used as it is."""
-    from backends import copy_transport
+    from radiance_ar.transport import copy_transport
 
     log = []
 

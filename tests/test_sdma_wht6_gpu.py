@@ -11,16 +11,16 @@ import time
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import overlap  # noqa: E402
+from radiance_ar import overlap  # noqa: E402
 import world_jobs  # noqa: E402
-from backends import wht6  # noqa: E402
-from backends.call_contract import PeerAbortedError, PeerTimeoutError  # noqa: E402
-from backends.envs import BackendSettings  # noqa: E402
-from backends.sdma_wht6 import SdmaWht6Backend  # noqa: E402
-from harness.emulated import EmulatedRanks  # noqa: E402
+from radiance_ar import wht6  # noqa: E402
+from radiance_ar.call_contract import PeerAbortedError, PeerTimeoutError  # noqa: E402
+from radiance_ar.envs import BackendSettings  # noqa: E402
+from radiance_ar.backends.sdma_wht6 import SdmaWht6Backend  # noqa: E402
+from radiance_ar.harness.emulated import EmulatedRanks  # noqa: E402
 from oneshot_jobs import bits, make_input  # noqa: E402
-from overlap.config import OverlapSettings  # noqa: E402
-from overlap.slicing import slice_bounds  # noqa: E402
+from radiance_ar.overlap.config import OverlapSettings  # noqa: E402
+from radiance_ar.overlap.slicing import slice_bounds  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0)

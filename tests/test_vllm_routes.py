@@ -10,11 +10,11 @@ import types
 import pytest
 import torch
 
-import overlap
-from backends.world import single_world
-from overlap import vllm_install as vi
-from overlap import vllm_routes as vr
-from overlap.config import OverlapSettings
+from radiance_ar import overlap
+from radiance_ar.world import single_world
+from radiance_ar.overlap import vllm_install as vi
+from radiance_ar.overlap import vllm_routes as vr
+from radiance_ar.overlap.config import OverlapSettings
 from vllm_stand_ins import StandIn
 
 FP8 = torch.float8_e4m3fn

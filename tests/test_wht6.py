@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends import wht6
-from backends.wht6 import baseline_int6
-from backends.wht6 import reference as ref
+from radiance_ar import wht6
+from radiance_ar.wht6 import baseline_int6
+from radiance_ar.wht6 import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -361,8 +361,8 @@ def check_kernels_against_reference(device: str, cases: list, seed: int = 0) -> 
     """Run the three kernels on ``device`` for (rows, cols, dtype, row_pad) cases with
     poisoned outputs; compare with the reference. Called by the GPU tests directly and,
     under TRITON_INTERPRET=1, by the interpreter test in a subprocess."""
-    from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
-    from backends.kernels.wht6_encode import wht6_encode
+    from radiance_ar.wht6.wht6_decode_accumulate import wht6_decode_accumulate
+    from radiance_ar.wht6.wht6_encode import wht6_encode
 
     kinds = ["gaussian", "student_t3", "outlier_channels", "outlier_tokens"]
     for i, (rows, cols, dtype, row_pad) in enumerate(cases):
@@ -386,8 +386,8 @@ def check_kernels_against_reference(device: str, cases: list, seed: int = 0) -> 
 def check_range_kernels(device: str) -> None:
     """``check_range`` on the three kernels, whose payloads and results must also agree
     with the reference's (NaN in the same places)."""
-    from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
-    from backends.kernels.wht6_encode import wht6_encode
+    from radiance_ar.wht6.wht6_decode_accumulate import wht6_decode_accumulate
+    from radiance_ar.wht6.wht6_encode import wht6_encode
 
     def decode_accumulate(pays, shape, dtype):
         return wht6_decode_accumulate([p.to(device) for p in pays], shape, dtype)
@@ -467,8 +467,8 @@ def exact_rotation_input(rows: int, cols: int, seed: int) -> torch.Tensor:
 def check_exact_encode(device: str) -> None:
     """Where the rotation is exact, every other step of the kernels is the reference's
     fp32 operations: the payloads are the same bytes, for every launch shape."""
-    from backends.kernels import wht6_launch
-    from backends.kernels.wht6_encode import wht6_encode
+    from radiance_ar.wht6 import wht6_launch
+    from radiance_ar.wht6.wht6_encode import wht6_encode
 
     for rows, cols in ((6, 768), (3, 1536)):
         x = exact_rotation_input(rows, cols, seed=rows)
@@ -480,8 +480,8 @@ def check_exact_encode(device: str) -> None:
 
 def check_launch_shapes_agree(device: str) -> None:
     """Every candidate launch shape gives the table's bits (decode-accumulate of 3)."""
-    from backends.kernels import wht6_launch
-    from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
+    from radiance_ar.wht6 import wht6_launch
+    from radiance_ar.wht6.wht6_decode_accumulate import wht6_decode_accumulate
 
     rows, cols = 5, 1024
     pays = [ref.encode(make("student_t3", rows, cols, seed=w).to(torch.bfloat16)).to(device) for w in range(3)]
@@ -496,7 +496,7 @@ def test_interpreter_exact_payloads_and_launch_shapes():
 
 
 def test_launch_shape_is_checked():
-    from backends.kernels import wht6_launch
+    from radiance_ar.wht6 import wht6_launch
 
     assert wht6_launch.check_shape((128, 4)) == (128, 4)
     for bad, exc in (((96, 4), ValueError), ((64, 4), ValueError), ((128, 3), ValueError),
@@ -518,9 +518,11 @@ def test_package_imports_without_triton():
         "        raise ImportError('no Triton here')\n"
         "    return real(name, *a, **k)\n"
         "builtins.__import__ = no_triton\n"
-        "import torch, backends, backends.oneshot_wht6, backends.sdma_wht6\n"
-        "from backends.kernels import oneshot_wht6, pointers, reduce_sum, wht6_launch\n"
-        "from backends import wht6\n"
+        "import torch, radiance_ar.backends, radiance_ar.backends.oneshot_wht6, radiance_ar.backends.sdma_wht6\n"
+        "from radiance_ar.backends.kernels import oneshot_wht6, reduce_sum\n"
+        "from radiance_ar.launch import pointers\n"
+        "from radiance_ar.wht6 import wht6_launch\n"
+        "from radiance_ar import wht6\n"
         "x = torch.randn(2, 256)\n"
         "assert wht6.decode(wht6.encode(x), (2, 256), torch.float32).shape == (2, 256)\n"
         "assert 'triton' not in sys.modules\n")
@@ -567,7 +569,7 @@ def test_row_divisor_is_an_exact_division_for_every_31_bit_dividend():
     # The encode kernel finds a sub-block's row by multiply-high and shift instead of a
     # division: checked here against // at the edges of every quotient and at random.
     pytest.importorskip("triton")
-    from backends.kernels.wht6_tile import row_divisor
+    from radiance_ar.wht6.wht6_tile import row_divisor
 
     g = torch.Generator().manual_seed(0)
     divisors = list(range(8, 4097, 8)) + [2**k for k in range(1, 31)] + [

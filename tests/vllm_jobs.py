@@ -1,6 +1,6 @@
 """Jobs run on every rank of a vLLM TP world of 2 CPU processes (module-level, so the
 pool can pickle them by reference): RowParallelLinear layers built, loaded and processed
-the way vLLM does, and their outputs before and after ``overlap.vllm_install.install``.
+the way vLLM does, and their outputs before and after ``radiance_ar.overlap.vllm_install.install``.
 vLLM is imported inside the jobs: this module imports without it."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Iterator
 
 import torch
 
-import overlap
-from overlap import vllm_install as vi
-from overlap import vllm_routes as vr
-from overlap.config import OverlapSettings
+from radiance_ar import overlap
+from radiance_ar.overlap import vllm_install as vi
+from radiance_ar.overlap import vllm_routes as vr
+from radiance_ar.overlap.config import OverlapSettings
 
 K_FULL, N_OUT = 128, 48
 #: ``packed``: loaded without ``_cpu_skip_gemm_dispatch``, so vLLM's CPU backend repacks its

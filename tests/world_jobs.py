@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import torch
 
-import overlap
-from backends.envs import BackendSettings
-from backends.interface import Backend, check_slice, refuse_growth_in_capture
-from backends.peer_memory import typed_view
-from backends.world import World
-from overlap.config import OverlapSettings
+from radiance_ar import overlap
+from radiance_ar.envs import BackendSettings
+from radiance_ar.backends.interface import Backend, check_slice
+from radiance_ar.buffers import refuse_growth_in_capture
+from radiance_ar.transport.peer_memory import typed_view
+from radiance_ar.world import World
+from radiance_ar.overlap.config import OverlapSettings
 
 
 def shard(seed: int, rank: int, rows: int, cols: int, k: int,
@@ -31,7 +32,7 @@ def device_shards(seed: int, size: int, rows: int, cols: int, k: int,
 
 
 def emulated_forward(ranks, rts: list, shards: list, timeout_ms: float) -> list[torch.Tensor]:
-    """One op call per emulated rank (``harness.emulated.EmulatedRanks``), each backend
+    """One op call per emulated rank (``radiance_ar.harness.emulated.EmulatedRanks``), each backend
     checked within ``timeout_ms``, the device synchronized; returns every rank's output."""
     outs = ranks.each(lambda r: overlap.forward(rts[r], *shards[r], None, "bf16"))
     for rt in rts:
@@ -116,7 +117,7 @@ def pipeline_job(world: World, rows: int, cols: int, k: int, slices_list: list[i
 def waiting_backends() -> list[str]:
     """Registered backends whose waits carry their own spin bound (``waits_on_peers``:
     ``settings.spin_timeout_ms`` bounds them)."""
-    import backends
+    from radiance_ar import backends
 
     return [n for n in backends.names() if backends.get(n).waits_on_peers]
 
@@ -128,8 +129,8 @@ def missing_peer_then_resync_job(world: World, backend: str, timeout_ms: float) 
 
     import torch.distributed as dist
 
-    import backends
-    from backends.signals import PeerTimeoutError
+    from radiance_ar import backends
+    from radiance_ar.transport.signals import PeerTimeoutError
 
     be = backends.get(backend)(world, BackendSettings(spin_timeout_ms=timeout_ms))
     rows, cols = 4, 256  # 256 columns: one block of the wht6 codec
@@ -213,7 +214,7 @@ def bad_slices_job(world: World, backend: str) -> dict:
     untouched, and move neither the call numbering nor any flag (every rank making the
     same bad calls would stay in step even if one did, so that is checked directly);
     then a good call must be right."""
-    import backends
+    from radiance_ar import backends
 
     reason = backends.get(backend).unsupported_reason(world)
     if reason is not None:
@@ -229,7 +230,7 @@ def bad_slices_job(world: World, backend: str) -> dict:
                       ValueError, "ensure_capacity"))
 
     def protocol():
-        from backends.signals import SLOTS
+        from radiance_ar.transport.signals import SLOTS
 
         sig = getattr(be, "signals", None)
         return None if sig is None else (sig.epoch, [sig.peer_value(p, s) for p in
@@ -268,7 +269,7 @@ def decode_path_job(world: World, backend: str, min_m: int = 64) -> dict:
     (scratch, peer-visible memory) or made its lanes (streams and events: on a CPU world
     ``Lanes`` makes none even when made, so the lanes check is the one that bites here),
     and whether it called one of ``STREAM_APIS`` (replaced by recorders meanwhile)."""
-    import backends
+    from radiance_ar import backends
 
     reason = backends.get(backend).unsupported_reason(world)
     if reason is not None:

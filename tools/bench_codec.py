@@ -15,7 +15,7 @@ as GB/s of bytes read + written and as a fraction of the device-to-device copy
 bandwidth measured the same way. ``--json`` writes every row as a record with keys
 ``kernel``, ``W`` (None for copy and encode), ``gbs`` and ``of_copy``.
 
-``--sweep`` (GPU) times every launch shape of ``backends.kernels.wht6_launch.CANDIDATES``
+``--sweep`` (GPU) times every launch shape of ``radiance_ar.wht6.wht6_launch.CANDIDATES``
 for encode and decode_accumulate at each W instead, and prints the fastest per kernel:
 the values for that module's tables.
 
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from backends import wht6  # noqa: E402
-from backends.wht6 import baseline_int6  # noqa: E402
+from radiance_ar import wht6  # noqa: E402
+from radiance_ar.wht6 import baseline_int6  # noqa: E402
 
 DISTS = ("gaussian", "student_t3", "outlier_channels", "outlier_tokens")
 #: The format's error targets, as a ratio of wht6's error to INT6's at the same bits. The
@@ -125,14 +125,14 @@ class Throughput:
                 "ms": ms, "gbs": gbs, "of_copy": gbs / self.copy_gbs}
 
     def encode(self, shape=None) -> dict:
-        from backends.kernels.wht6_encode import wht6_encode
+        from radiance_ar.wht6.wht6_encode import wht6_encode
 
         ms = time_ms(lambda i: wht6_encode(self.xs[i % self.n_rot], self.pays[i], shape), self.n_pay,
                      self.iters, self.warmup)
         return self.record("encode", "encode", None, self.nbytes + self.pay_bytes, ms, shape)
 
     def decode_accumulate(self, w: int, shape=None) -> dict:
-        from backends.kernels.wht6_decode_accumulate import wht6_decode_accumulate
+        from radiance_ar.wht6.wht6_decode_accumulate import wht6_decode_accumulate
 
         ms = time_ms(lambda i: wht6_decode_accumulate(
             [self.pays[(i * w + k) % self.n_pay] for k in range(w)], (self.rows, self.cols),
@@ -141,11 +141,11 @@ class Throughput:
                            w * self.pay_bytes + self.nbytes, ms, shape)
 
     def oneshot(self, w: int, ctas: int) -> dict:
-        """One rank's fused kernel call (``backends.kernels.oneshot_wht6``) with W - 1
+        """One rank's fused kernel call (``radiance_ar.backends.kernels.oneshot_wht6``) with W - 1
         passive peers (flags at PASSIVE_EPOCH, valid payloads in both regions): encode,
         publish, no wait, decode-sum of W payloads. Bytes: input, own payload written,
         W payloads read, output."""
-        from backends.kernels import oneshot_wht6
+        from radiance_ar.backends.kernels import oneshot_wht6
 
         dev = self.xs[0].device
         region = self.pay_bytes
@@ -175,7 +175,7 @@ def throughput(worlds: list, iters: int, warmup: int, oneshot_ctas: int) -> list
 
 def sweep(worlds: list, iters: int, warmup: int) -> list:
     """Every launch shape of wht6_launch.CANDIDATES for encode and decode_accumulate."""
-    from backends.kernels import wht6_launch
+    from radiance_ar.wht6 import wht6_launch
 
     bench = Throughput(worlds, iters, warmup)
     rows = [bench.copy]

@@ -1,7 +1,7 @@
 """Time the mxfp4_w4a8 GEMM kernel's launch configs against the GPU's own GEMMs.
 
 On a GPU, for one shape (default M x N x K = 8192 x 5120 x 4352: a prefill of one
-rank's down_proj), every candidate config of ``overlap/kernels/mxfp4_w4a8.py`` is
+rank's down_proj), every candidate config of ``radiance_ar/overlap/kernels/mxfp4_w4a8.py`` is
 first checked against the float64 product of the dequantized operands (256 rows;
 relative RMS error below 2^-8, else it is listed as WRONG and not timed), then timed:
 the kernel alone on already quantized operands, median of CUDA-event times after
@@ -36,10 +36,10 @@ import torch
 
 import gpu_timing
 import metrics
-from overlap import producer_mxfp4 as mx
-from overlap import producers
-from overlap.kernels import mxfp4_w4a8 as kernel
-from overlap.scratch import ScratchPool
+from radiance_ar.overlap import producer_mxfp4 as mx
+from radiance_ar.overlap import producers
+from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
+from radiance_ar.overlap.scratch import ScratchPool
 
 C = kernel.LaunchConfig
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn

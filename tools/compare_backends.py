@@ -29,11 +29,11 @@ import time
 import torch
 
 
-import backends  # noqa: E402
-from backends import envs  # noqa: E402
-from backends.envs import OVERLAP_PLANS  # noqa: E402
-from backends.world import World  # noqa: E402
-from overlap import producers  # noqa: E402  (importing overlap registers every producer)
+from radiance_ar import backends  # noqa: E402
+from radiance_ar import envs  # noqa: E402
+from radiance_ar.envs import OVERLAP_PLANS  # noqa: E402
+from radiance_ar.world import World  # noqa: E402
+from radiance_ar.overlap import producers  # noqa: E402  (importing overlap registers every producer)
 import gpu_timing  # noqa: E402
 import producer_inputs  # noqa: E402
 import report  # noqa: E402
@@ -182,7 +182,7 @@ def gate_reason(name: str, world) -> str | None:
 
 
 def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
-    from harness.cpu_world import CpuWorldPool
+    from radiance_ar.harness.cpu_world import CpuWorldPool
 
     todo = cases(args, "cpu")
     hdr = header("cpu-shm", f"CPU, {args.world} processes (gloo + shared memory)", args.world,
@@ -311,7 +311,7 @@ def output_problem(args: argparse.Namespace) -> str | None:
 def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
     import torch.distributed as dist
 
-    from backends.world import from_process_group
+    from radiance_ar.world import from_process_group
 
     local = envs.torchrun_local_rank()
     torch.cuda.set_device(local)
@@ -327,7 +327,7 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
 
 
 def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
-    from backends.world import emulated_worlds
+    from radiance_ar.world import emulated_worlds
     from emulated_measure import measure_emulated
 
     device = torch.device("cuda", torch.cuda.current_device())

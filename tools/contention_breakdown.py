@@ -19,11 +19,11 @@ import sys
 import torch
 
 
-import backends  # noqa: E402
+from radiance_ar import backends  # noqa: E402
 import gpu_timing  # noqa: E402
-from backends import envs  # noqa: E402
-from backends.copy_engine import CopyEngine  # noqa: E402
-from backends.world import emulated_worlds  # noqa: E402
+from radiance_ar import envs  # noqa: E402
+from radiance_ar.transport.copy_engine import CopyEngine  # noqa: E402
+from radiance_ar.world import emulated_worlds  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.copy(slice_dev, slice_host, torch.cuda.current_stream().cuda_stream)
 
     def reduce(i):
-        from backends.kernels.reduce_sum import reduce_sum
+        from radiance_ar.backends.kernels.reduce_sum import reduce_sum
 
         reduce_sum(inputs, slice_dev)
 

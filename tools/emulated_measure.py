@@ -22,15 +22,15 @@ import torch
 import gpu_timing
 import link
 import metrics
-import overlap
+from radiance_ar import overlap
 import producer_inputs
 import timeline
-from backends.envs import BackendSettings
-from backends.world import emulated_worlds
-from harness.emulated import EmulatedRanks
-from overlap.config import OverlapSettings
-from overlap.op import forward
-from overlap.scratch import ScratchPool
+from radiance_ar.envs import BackendSettings
+from radiance_ar.world import emulated_worlds
+from radiance_ar.harness.emulated import EmulatedRanks
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.op import forward
+from radiance_ar.overlap.scratch import ScratchPool
 from world_measure import Case, shard, slice_plan, slice_schedule, time_calls
 
 

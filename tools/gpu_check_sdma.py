@@ -5,7 +5,7 @@
 1. stream memory operations through cuda-bindings: write-value to pinned host and to
    device memory; a wait-value on a pinned host flag released by the host; a wait-value
    on a device flag released by another stream; cyclic GEQ with a passive (max) flag.
-2. the no-compute-unit proof (:mod:`diagnostics.cu_free_check`).
+2. the no-compute-unit proof (:mod:`radiance_ar.diagnostics.cu_free_check`).
 3. timing, labelled "1 GPU, W emulated ranks over PCIe": one active rank against W-1
    passive pre-filled peers, 8192 x 5120 bf16 (80 MiB), one-shot and two-shot; and the
    contention: a bf16 GEMM 8192x4352x5120 alone vs while the transport runs beside it.
@@ -21,12 +21,12 @@ import time
 
 import torch  # noqa: E402
 
-from backends import envs  # noqa: E402
-from backends.copy_engine import CopyEngine  # noqa: E402
-from backends.sdma import SdmaBackend  # noqa: E402
-from backends.signals import PASSIVE_EPOCH  # noqa: E402
-from backends.world import emulated_worlds  # noqa: E402
-from diagnostics import cu_free_check  # noqa: E402
+from radiance_ar import envs  # noqa: E402
+from radiance_ar.transport.copy_engine import CopyEngine  # noqa: E402
+from radiance_ar.backends.sdma import SdmaBackend  # noqa: E402
+from radiance_ar.transport.signals import PASSIVE_EPOCH  # noqa: E402
+from radiance_ar.world import emulated_worlds  # noqa: E402
+from radiance_ar.diagnostics import cu_free_check  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 DEV = torch.device("cuda", 0)

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 import metrics
-from harness.host import freeze_heap
+from radiance_ar.harness.host import freeze_heap
 
 ROTATE_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
 #: contention is a ratio of two medians a few percent apart: fewer repeats leave its
@@ -75,7 +75,7 @@ def event_times(fn: Callable[[int], None], reps: int, warmup: int,
     time of the timed calls (the rate a long stream of them runs at). ``before()`` (e.g.
     a barrier across ranks) runs untimed ahead of every sample. ``host_ms``: also append
     each sample's host time per timed call (the Python calls that enqueue it). The heap
-    is frozen first, as a serving process freezes it after warm-up (:mod:`harness.host`)."""
+    is frozen first, as a serving process freezes it after warm-up (:mod:`radiance_ar.harness.host`)."""
     freeze_heap()
     warm_host = []
     for i in range(warmup):

@@ -15,7 +15,7 @@ them this is the same bytes in (W-1) S pieces, an approximation.
 - gpu-symm (torchrun): every rank pulls from every peer's symmetric-memory buffer at
   the same time, as in the AR, after a barrier.
 
-Copies go through :class:`backends.copy_engine.CopyEngine` (the sdma transport's own
+Copies go through :class:`radiance_ar.transport.copy_engine.CopyEngine` (the sdma transport's own
 call) where its bindings are installed, else ``Tensor.copy_`` (NVIDIA: the same
 ``cudaMemcpyAsync``; ROCm: a same-device copy of peer memory then runs as a kernel).
 Results are cached per (world, copy size, copy count): one measurement per (M, S) size,
@@ -30,8 +30,8 @@ import torch
 
 import gpu_timing
 import metrics
-from backends.copy_engine import CopyEngine, bindings_reason
-from backends.world import World
+from radiance_ar.transport.copy_engine import CopyEngine, bindings_reason
+from radiance_ar.world import World
 
 #: the median of fewer repeats moves with a single slow copy batch
 LINK_MIN_REPS = 10

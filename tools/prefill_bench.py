@@ -52,13 +52,13 @@ import time
 
 import torch
 
-import backends
+from radiance_ar import backends
 import model_shapes
 import prefill_measure
 import prefill_report
 import report
-from backends import envs
-from backends.envs import BackendSettings
+from radiance_ar import envs
+from radiance_ar.envs import BackendSettings
 from prefill_stack import GQA_MODES, producer_problem
 
 envs.prepare_cuda_for_emulated_ranks()  # before CUDA starts; main() starts it
@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "registered one; those that cannot serve the world say why)")
     p.add_argument("--producer", default="bf16",
                    help="GEMM producer of every linear (a registered name: "
-                        "overlap.producers.names())")
+                        "radiance_ar.overlap.producers.names())")
     p.add_argument("--slices", type=_positive, default=4, help="slices S of the on arms")
     p.add_argument("--gqa", choices=GQA_MODES, default="enable_gqa",
                    help="grouped KV heads through SDPA's enable_gqa, or KV repeated")
@@ -193,7 +193,7 @@ def print_header(hdr: dict) -> None:
 def run_torchrun(args, spec: prefill_measure.Spec) -> tuple[dict, list[dict]] | None:
     import torch.distributed as dist
 
-    from backends.world import from_process_group
+    from radiance_ar.world import from_process_group
 
     local = envs.torchrun_local_rank()
     torch.cuda.set_device(local)
@@ -227,7 +227,7 @@ def run_emulated(args, spec: prefill_measure.Spec) -> tuple[dict, list[dict]]:
 
 
 def run_cpu(args, spec: prefill_measure.Spec) -> tuple[dict, list[dict]]:
-    from harness.cpu_world import CpuWorldPool
+    from radiance_ar.harness.cpu_world import CpuWorldPool
 
     size = spec.shapes.tp
     hdr = header(args, spec, "cpu-shm", f"CPU, {size} processes (gloo + shared memory)",

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import torch
 
-import backends
+from radiance_ar import backends
 import metrics
-import overlap
-from backends.call_contract import CollectiveError
-from backends.interface import Backend
-from backends.world import emulated_worlds
-from harness.emulated import EmulatedRanks
-from overlap.slicing import slice_bounds
+from radiance_ar import overlap
+from radiance_ar.call_contract import CollectiveError
+from radiance_ar.backends.interface import Backend
+from radiance_ar.world import emulated_worlds
+from radiance_ar.harness.emulated import EmulatedRanks
+from radiance_ar.overlap.slicing import slice_bounds
 from prefill_measure import (Spec, add_figures, gate_reason, off_arm_parts, op_of, settings,
                              time_prefill, verdict)
 from prefill_stack import DTYPE, ShardModel, prefill_steps, run_alone, run_lockstep

@@ -38,16 +38,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-import backends
+from radiance_ar import backends
 import gpu_timing
 import metrics
-import overlap
-from backends.envs import BackendSettings
-from backends.interface import current_stream_handle
-from backends.world import World
+from radiance_ar import overlap
+from radiance_ar.envs import BackendSettings
+from radiance_ar.streams import current_stream_handle
+from radiance_ar.world import World
 from model_shapes import RankShapes
-from overlap.config import OverlapSettings
-from overlap.op import forward
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.op import forward
 from prefill_stack import (COMPONENTS, DTYPE, ShardModel, activation_step, make_chunks,
                            prefill_steps, run_alone)
 from world_measure import digest

@@ -11,7 +11,7 @@ Per layer (Llama / Qwen3 dense decoder, one TP shard, random weights)::
     h = h + row_parallel(a, W_down)                  down_proj_ar the op
                                                      norms      (the residual add)
 
-Every GEMM goes through the chosen GEMM producer (:mod:`overlap.producers`), the
+Every GEMM goes through the chosen GEMM producer (:mod:`radiance_ar.overlap.producers`), the
 RowParallel ones inside the op. RoPE is NeoX-style with the model's ``rope_theta``;
 Llama 3.1's ``rope_scaling`` (a rescaling of the frequencies) is left out: it changes
 the values, not the cost. On GPUs SDPA may pick only its fused kernels (flash, cuDNN,
@@ -38,11 +38,11 @@ from typing import Callable, Generator
 import torch
 import torch.nn.functional as F
 
-from backends.interface import current_stream_handle
+from radiance_ar.streams import current_stream_handle
 import producer_inputs
 from model_shapes import RankShapes
-from overlap import producers
-from overlap.scratch import ScratchPool
+from radiance_ar.overlap import producers
+from radiance_ar.overlap.scratch import ScratchPool
 
 #: the per-layer components, in the order the report lists them
 COMPONENTS = ("norms", "qkv", "attention", "o_proj_ar", "mlp_gemms", "down_proj_ar")

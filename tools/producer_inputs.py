@@ -4,7 +4,7 @@ modes (:mod:`world_measure`, :mod:`emulated_measure`).
 - :func:`operands`: the weight in the producer's format: bf16 as is; ``fp8_rowwise`` an
   e4m3 weight with one fp32 scale per output channel, ``fp8_tensorwise`` with one scale
   for the tensor; ``mxfp4_w4a8`` packed e2m1 codes with e8m0 scales per 32 K values
-  (:func:`overlap.producer_mxfp4.quantize_weight`).
+  (:func:`radiance_ar.overlap.producer_mxfp4.quantize_weight`).
 - :func:`reference`: the float64 product of the DEQUANTIZED operands: the activation as
   the producer's ``prepare`` quantizes it, the weight as stored. The backends' error
   bounds are about the all-reduce; measured against this reference they still apply,
@@ -25,11 +25,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from backends.interface import current_stream_handle
-from overlap import producer_mxfp4, producers
-from overlap.op import check_inputs
-from overlap.producers import FP8, FP8_MAX, Prepared
-from overlap.scratch import ScratchPool
+from radiance_ar.streams import current_stream_handle
+from radiance_ar.overlap import producer_mxfp4, producers
+from radiance_ar.overlap.op import check_inputs
+from radiance_ar.overlap.producers import FP8, FP8_MAX, Prepared
+from radiance_ar.overlap.scratch import ScratchPool
 
 _MIN_WEIGHT_SCALE = 1e-12  # an all-zero output channel quantizes to zeros, not NaN
 

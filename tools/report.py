@@ -8,7 +8,7 @@ import os
 import tempfile
 from typing import Iterable, Sequence
 
-from backends.envs import OVERLAP_PLANS
+from radiance_ar.envs import OVERLAP_PLANS
 
 #: (column title, record key, format) of the terminal table, in order; max_abs_err and
 #: the spreads stay in JSON/CSV only (the table is wide enough)

@@ -32,12 +32,12 @@ import torch
 import torch.distributed as dist
 
 
-import backends  # noqa: E402
+from radiance_ar import backends  # noqa: E402
 import metrics  # noqa: E402
-import overlap  # noqa: E402
-from backends import envs  # noqa: E402
-from overlap.config import OverlapSettings  # noqa: E402
-from overlap.op import forward  # noqa: E402
+from radiance_ar import overlap  # noqa: E402
+from radiance_ar import envs  # noqa: E402
+from radiance_ar.overlap.config import OverlapSettings  # noqa: E402
+from radiance_ar.overlap.op import forward  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 
@@ -121,7 +121,7 @@ def emulated_soak(backend: str, size: int, device: torch.device, calls: int, sec
                   max_m: int, cols: int, k: int, slices: int, seed: int,
                   warmup: int = 50) -> dict:
     """W emulated ranks on one GPU in this process (see the module doc)."""
-    from harness.emulated import EmulatedRanks
+    from radiance_ar.harness.emulated import EmulatedRanks
 
     ranks = EmulatedRanks(size, device)
     worlds = ranks.worlds
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                                            args.max_m, args.n, args.k, args.slices, seed=1,
                                            warmup=args.warmup), device)
         return 1 if failed else 0
-    from harness.cpu_world import CpuWorldPool
+    from radiance_ar.harness.cpu_world import CpuWorldPool
 
     print(f"soak: CPU, {args.world} processes (gloo + shared memory), M in 1..{args.max_m}, "
           f"MIN_M = {args.min_m}, N = {args.n}, K = {args.k}, {args.slices} slices")

@@ -3,7 +3,7 @@
 This is the curve that explains the negative result of the deployment this project
 comes from (docs/design.md, 'The problem and the idea'): a spin-wait all-reduce
 holds its CTAs while it waits for a peer, and every held CTA is one the GEMM it was
-meant to hide under cannot use. The spinners (:mod:`backends.kernels.spin_hold`) read a
+meant to hide under cannot use. The spinners (:mod:`radiance_ar.backends.kernels.spin_hold`) read a
 pinned host flag that is never raised, and leave after a calibrated number of reads
 that lasts as long as the GEMM alone: the model is an all-reduce that waits for its
 peer throughout one GEMM. (Releasing them from the host only after the GEMM ends
@@ -27,7 +27,7 @@ START_TIMEOUT_S = 5.0
 def spin_iters_for(ms: float, ctas: int, flag: torch.Tensor, started: torch.Tensor) -> int:
     """Spin iterations that last about ``ms`` with ``ctas`` spinners (each iteration is a
     read of pinned host memory, so its cost depends on the PCIe round trip and on K)."""
-    from backends.kernels import spin_hold
+    from radiance_ar.backends.kernels import spin_hold
 
     times = []
     for _ in range(3):
@@ -44,7 +44,7 @@ def spin_iters_for(ms: float, ctas: int, flag: torch.Tensor, started: torch.Tens
 def gemm_with_spinners_ms(gemm: Callable[[int], None], ctas: int, spin_ms: float, reps: int,
                           warmup: int) -> list[float]:
     """Device times of ``gemm(i)`` while ``ctas`` CTAs spin for about ``spin_ms``."""
-    from backends.kernels import spin_hold
+    from radiance_ar.backends.kernels import spin_hold
 
     flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # never raised
     started = torch.zeros(max(ctas, 1), dtype=torch.int32, pin_memory=True)

@@ -4,10 +4,10 @@
 around each GEMM slice on the side stream and around each slice's AR on the caller's
 stream, so the Gantt chart shows where the AR lane waits for the GEMM (the pipeline
 fill, a GEMM slower than an AR slice) and where the ARs run back to back. It repeats
-the steps of ``overlap.op._forward`` and ``overlap.pipeline.run_sliced`` (kept in step
+the steps of ``radiance_ar.overlap.op._forward`` and ``radiance_ar.overlap.pipeline.run_sliced`` (kept in step
 by hand: change them together) because the op has no hooks for events.
 
-Where the backend traces its steps (:meth:`backends.interface.Backend.start_trace`:
+Where the backend traces its steps (:meth:`radiance_ar.backends.interface.Backend.start_trace`:
 sdma and sdma_wht6), every wait, copy (per peer and phase), publish and kernel of each
 slice's AR is an event too, in the lane of the stream that ran it.
 
@@ -30,11 +30,11 @@ import torch
 
 import gpu_timing
 import report
-from backends.envs import OVERLAP_PLANS
-from overlap.op import check_inputs
-from overlap.pipeline import reduce_slices
-from overlap.runtime import OverlapRuntime
-from overlap.slicing import op_bounds
+from radiance_ar.envs import OVERLAP_PLANS
+from radiance_ar.overlap.op import check_inputs
+from radiance_ar.overlap.pipeline import reduce_slices
+from radiance_ar.overlap.runtime import OverlapRuntime
+from radiance_ar.overlap.slicing import op_bounds
 
 GEMM_LANE = "GEMM (side stream)"
 AR_LANE = "AR (each slice call: input ready to last step)"
@@ -116,7 +116,7 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
                 lanes.caller_waits(s)
                 # Recorded after the wait: the AR lane's start is when its input is ready;
                 # its end, where the call's steps run on streams of their own
-                # (backends.call_streams), is its last step's (below).
+                # (radiance_ar.transport.call_streams), is its last step's (below).
                 started[s] = begin()
                 started[s][0].record()
                 if trace is not None:

@@ -25,18 +25,18 @@ import torch.distributed as dist
 import gpu_timing
 import link
 import metrics
-import overlap
+from radiance_ar import overlap
 import producer_inputs
 import report
 import timeline
-from backends.envs import OVERLAP_PLANS, BackendSettings
-from backends.world import World
-from overlap import producers
-from overlap.config import OverlapSettings
-from overlap.op import forward
-from overlap.pipeline import reduce_slices
-from overlap.scratch import ScratchPool
-from overlap.slicing import slice_bounds
+from radiance_ar.envs import OVERLAP_PLANS, BackendSettings
+from radiance_ar.world import World
+from radiance_ar.overlap import producers
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.op import forward
+from radiance_ar.overlap.pipeline import reduce_slices
+from radiance_ar.overlap.scratch import ScratchPool
+from radiance_ar.overlap.slicing import slice_bounds
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Case:
     producer: str = "bf16"
     #: record one op call's device events (GPU worlds; see tools/timeline.py)
     timeline: bool = False
-    #: the op's slicing plan (overlap/slicing.py: uniform or growing)
+    #: the op's slicing plan (radiance_ar/overlap/slicing.py: uniform or growing)
     plan: str = OVERLAP_PLANS[0]
 
     def label(self) -> str:

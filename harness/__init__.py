@@ -1,6 +1,0 @@
-"""Test and tool harnesses: process pools that host worlds.
-
-    >>> from harness.cpu_world import CpuWorldPool
-    >>> with CpuWorldPool(2) as pool:
-    ...     results = pool.run(my_job)       # my_job(world) on every rank
-"""

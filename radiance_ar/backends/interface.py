@@ -1,0 +1,210 @@
+"""The contract every all-reduce backend fulfils (docs/design.md, 'The Backend interface').
+
+A backend is built for one rank of a :class:`~radiance_ar.world.World` and sums a
+contiguous 2-D slice over all ranks::
+
+    out = sum(slice_in on rank r for r in range(world.size))   # plain-torch meaning
+
+``all_reduce`` runs on the caller's current stream, never synchronizes the host and
+allocates nothing per call. It is *collective*: every rank calls it the same number of
+times, in the same order, with the same shapes. Backends with a protocol of their own
+check that contract on every call (:mod:`radiance_ar.call_contract`): a mismatch, a late
+or missing peer raises on every rank that sees it, and every later call is refused
+until ``resync()``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import TYPE_CHECKING, ClassVar, Iterator
+
+import torch
+
+from radiance_ar.call_contract import CallSignature
+from radiance_ar.envs import BackendSettings
+from radiance_ar.world import World
+
+if TYPE_CHECKING:
+    from radiance_ar.transport.signals import Signals
+    from radiance_ar.transport.trace import StepTrace
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_slice(slice_in: torch.Tensor, out: torch.Tensor) -> None:
+    """Caller-facing checks shared by every backend's ``all_reduce``."""
+    for label, t in (("slice_in", slice_in), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"all_reduce: {label} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"all_reduce: {label} must be 2-D (rows, cols), got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"all_reduce: {label} must be contiguous")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"all_reduce: {label} dtype {t.dtype} not in {SUPPORTED_DTYPES}")
+    if slice_in.shape != out.shape or slice_in.dtype != out.dtype:
+        raise ValueError(
+            f"all_reduce: out {tuple(out.shape)} {out.dtype} must match slice_in "
+            f"{tuple(slice_in.shape)} {slice_in.dtype}")
+    if slice_in.device != out.device:
+        raise ValueError(f"all_reduce: slice_in on {slice_in.device} but out on {out.device}")
+
+
+def check_capacity_args(who: str, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+    """The checks of ``ensure_capacity``'s arguments: ``max_rows`` and ``cols`` ints >= 1,
+    ``dtype`` one of :data:`SUPPORTED_DTYPES`. ``who`` names the backend in the message."""
+    for label, v in (("max_rows", max_rows), ("cols", cols)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{who}.ensure_capacity: {label} must be an int >= 1, got {v!r}")
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{who}.ensure_capacity: dtype {dtype}, expected one of "
+                        f"{SUPPORTED_DTYPES}")
+
+
+def copy_unless_same(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst[...] = src`` unless both are the same memory (an in-place call)."""
+    if dst.data_ptr() != src.data_ptr():
+        dst.copy_(src)
+
+
+class Backend(abc.ABC):
+    """One rank's all-reduce strategy. Subclasses register with ``@backends.register``.
+
+    Built as ``cls(world, settings)`` for one rank of ``world``; ``settings`` (a
+    :class:`~radiance_ar.envs.BackendSettings`) holds every backend knob, and defaults to
+    the environment's, read once here. A backend reads its knobs from ``self.settings``.
+    """
+
+    name: ClassVar[str]
+    #: the transport holds compute units (CTAs/workgroups) while it waits for peers
+    uses_compute_units_while_waiting: ClassVar[bool]
+    #: may run inside CUDA-graph capture (after ensure_capacity ran outside it)
+    capture_safe: ClassVar[bool]
+    #: result equals the fp32-accumulated sum rounded once, same bits on every rank
+    bit_exact: ClassVar[bool]
+    #: documented bound on the relative RMS error of the reduced bf16 result vs a float64
+    #: sum of the (already bf16-rounded) inputs; the compare tool marks a run wrong above it
+    rel_rms_bound: ClassVar[float] = 2.0 ** -7
+    #: False: the op runs GEMM then one unsliced AR with this backend (the baseline)
+    pipelined: ClassVar[bool] = True
+    #: the slice count the op runs with RADIANCE_AR_OVERLAP_SLICES=auto, chosen from
+    #: measurements each backend cites; 1 runs GEMM then one AR. The default 4 is the op's
+    #: fixed S before ``auto`` (not measured per backend: symm_oneshot, symm_twoshot)
+    preferred_slices: ClassVar[int] = 4
+    #: the producer GEMM writes straight into ``acquire_input_view`` (peer-visible memory)
+    peer_visible_input: ClassVar[bool] = False
+    #: its calls wait for peers through flags of its own, bounded by
+    #: ``settings.spin_timeout_ms`` (tests give such backends the misuse scenarios)
+    waits_on_peers: ClassVar[bool] = False
+
+    #: the cross-rank flags of a backend with a protocol of its own (None: the vendor's)
+    signals: "Signals | None" = None
+
+    def __init__(self, world: World, settings: BackendSettings | None = None):
+        reason = self.unsupported_reason(world)
+        if reason is not None:
+            raise ValueError(f"backend {self.name!r} cannot run here: {reason}")
+        if settings is None:
+            settings = BackendSettings.from_env()
+        elif not isinstance(settings, BackendSettings):
+            raise TypeError(f"backend {self.name!r}: settings must be a "
+                            f"radiance_ar.envs.BackendSettings, got {type(settings).__name__}")
+        self.world = world
+        #: the backend knobs (validated when the settings were built); read nothing else
+        self.settings = settings
+        #: (M, K) of the linear whose slices are being reduced; the op sets it per call and
+        #: it joins every call's signature, so ranks in different linears do not pair up
+        self.call_key: tuple[int, int] = (0, 0)
+
+    def signature(self, slice_in: torch.Tensor, path: str = "flags") -> CallSignature:
+        """What every rank must agree on for a call reducing ``slice_in``."""
+        return CallSignature(slice_in.shape[0], slice_in.shape[1], slice_in.dtype, path,
+                             *self.call_key)
+
+    @contextlib.contextmanager
+    def vendor_call(self, t: torch.Tensor) -> Iterator[None]:
+        """Wrap the decode path's vendor all-reduce of ``t``: where this backend's flags
+        are host memory, announce it to the peers (a peer in the sliced path then raises
+        and releases this rank instead of leaving it blocked) and afterwards raise if a
+        peer gave up meanwhile. Elsewhere (device flags, graph capture) a no-op."""
+        signals = self.signals
+        if signals is not None:
+            signals.announce_vendor_call(self.signature(t, "vendor"))
+        yield
+        if signals is not None:
+            signals.check_vendor_call()
+
+    @classmethod
+    def unsupported_reason(cls, world: World) -> str | None:
+        """Pure gate: ``None`` if this backend can serve ``world``, else the reason why not."""
+        return None
+
+    @classmethod
+    def unsupported_cols_reason(cls, cols: int) -> str | None:
+        """Pure gate on the width of the reduced tensor: ``None`` if this backend can
+        reduce rows of ``cols`` values, else why not (the vLLM installer asks it, so a
+        layer the backend would refuse at its first prefill stays stock)."""
+        return None
+
+    @abc.abstractmethod
+    def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        """Collective. ``out[...] = sum over ranks of slice_in`` on the current stream."""
+
+    @abc.abstractmethod
+    def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
+        """Bytes this rank sends per call of ``numel`` values of ``elem_size`` bytes."""
+
+    def call_schedule(self, rows: int, cols: int, dtype: torch.dtype) -> str | None:
+        """The schedule a call on a ``rows x cols`` slice of ``dtype`` runs (``auto``
+        resolved), for reports; None for a backend with one way of doing a call."""
+        return None
+
+    def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+        """Collective. Grow peer-visible buffers to hold ``max_rows x cols``; refuses in capture."""
+
+    def acquire_input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """Acquire the peer-visible input buffer for the next op call and return its
+        ``rows x cols`` view, which the producer writes into (``peer_visible_input`` only).
+        Enqueues, on the current stream, the wait until every peer finished reading what
+        the previous call left there (a cross-rank fence, no host sync)."""
+        raise TypeError(f"backend {self.name!r} has no peer-visible input buffer")
+
+    def fill_passive_peers(self) -> None:
+        """Timing mode of an emulated world: make every other rank a passive peer whose
+        payloads and flags for all future calls are already in host memory, so one active
+        rank can be timed alone (docs/design.md, 'Worlds'). Results are then not sums over ranks."""
+        raise TypeError(f"backend {self.name!r} has no passive-peer timing mode")
+
+    def check(self, timeout_ms: float | None = None) -> None:
+        """Host-side wait, bounded, for every call enqueued so far; raises
+        :class:`~radiance_ar.transport.signals.PeerTimeoutError` naming a peer that never arrived. A
+        backend whose waits are inline (CPU worlds) or bounded by the vendor collective
+        has nothing to wait for here."""
+
+    def resync(self) -> None:
+        """Collective, after a :class:`~radiance_ar.transport.signals.PeerTimeoutError` on any rank and
+        with no call in flight: put every rank's call numbering back in step, so that the
+        next call is right again. A backend without epochs of its own has nothing to put
+        back (``stock``: a process group that timed out is not repaired here; build a
+        fresh world)."""
+
+    def overlapped_calls(self) -> contextlib.AbstractContextManager:
+        """A block of ``all_reduce`` calls that may run at the same time (the op's slices):
+        inside it a call's ``out`` may be written after the call returns; when the block
+        ends, the current stream is ordered after every call made in it. Calls that share
+        bytes still run in turn. In plain torch nothing changes: every ``out`` holds its
+        sum once the block is over. Default: every call is ordered on return."""
+        return contextlib.nullcontext()
+
+    def start_trace(self) -> StepTrace | None:
+        """GPU: record device events around each step (wait, copy, kernel) of the calls
+        that follow, until :meth:`stop_trace`; returns the trace, or None where the
+        backend has no steps of its own to show (its AR is one opaque call)."""
+        return None
+
+    def stop_trace(self) -> None:
+        """End what :meth:`start_trace` began (nothing where it returned None)."""
+
+    def close(self) -> None:
+        """Release peer-visible memory; collective where the world's memory is."""

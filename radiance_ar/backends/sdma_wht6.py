@@ -1,0 +1,260 @@
+"""``sdma_wht6``: the copy-engine transport moving wht6 payloads -- codec bytes, DMA waits.
+
+The byte savings of the 6.25-bit codec (:mod:`radiance_ar.wht6`) with a wait that costs no
+compute units: encode this rank's slice on the CUs into its peer-visible buffer, let the
+copy engines pull peers' payloads (stream wait-value on the peer's flag, then a copy: no
+kernel spins; :mod:`radiance_ar.transport.copy_transport`), decode on the CUs. Every rank decodes the
+same payloads in the same order, so every rank holds identical bits. In plain torch,
+with ``q = lambda x: decode(encode(x))`` and ``dq_sum`` the codec's decode-accumulate
+of the W encoded slices in rank order (fp32, one inverse rotation, rounded once)::
+
+    out = dq_sum(slice_in of every rank)         # one-shot
+    out = q(dq_sum(slice_in of every rank))      # two-shot: quantized a second time
+
+Schedules (``settings.sdma_schedule``, from ``RADIANCE_AR_SDMA_SCHEDULE``; ``auto``:
+:func:`radiance_ar.backends.sdma_schedule.auto_schedule_wht6`, which also gives the byte counts).
+
+One-shot, rank r, epoch t: every peer's whole payload::
+
+    stream r : fence | encode(slice) -> pub_r (emulated: -> stage, D2H -> pub_r on the lane)
+               | ready_r = t | for p: wait ready_p == t, pull pub_p -> recv_p
+               | done_r = t | decode_accumulate(pub_r, recv_p.. in rank order) -> out
+
+Two-shot, rank r, epoch t; payload rows are cut into W shards (``row_shards``; payload
+row i encodes output row i only, so a shard is a payload of its own)::
+
+    stream r : fence | encode(slice) -> pub_r | ready_r = t          (as one-shot)
+               | for p: wait ready_p == t, pull shard r of pub_p -> recv_p
+               | decode_accumulate(shard r of pub_r, recv_p.. in rank order) -> out[shard r]
+               | encode(out[shard r]) -> G[shard r] | (emulated: D2H -> red_r on the lane)
+               | reduced_r = t | for p: wait reduced_p == t, pull shard p of red_p -> G[shard p]
+               | done_r = t | decode(G) -> out
+
+G, the gathered payload, is ``red_r`` itself where it is this rank's memory (gpu-symm,
+CPU worlds) and its device stage in the emulated world: every shard sits at its own
+rows there, in ``red`` as in G, so ONE decode of all rows ends the call (3 + 1 codec
+launches whatever W; decoding shard by shard was 3 + W, and in the op each launch is
+host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
+take this rank's pulls. Rank r decodes its own re-encoded shard too, so out =
+decode(encode(sum)) holds the same bits on every rank. ``red`` is written after the
+call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence orders
+each call after every peer's last pull, of either buffer, of the call before).
+
+wire_bytes: one-shot (W-1) x payload bytes = (W-1) x numel x 25/32 (39% of sdma
+one-shot's); two-shot, per rank, (W-1) x its shard + the W-1 other shards, about
+2(W-1)/W x payload bytes (exactly :func:`~radiance_ar.backends.sdma_schedule.wht6_twoshot_wire_bytes`).
+
+Error bounds (``rel_rms_bound``, relative RMS error against the float64 sum, on
+Gaussian-like data). Let S be the exact sum, S1 = dq_sum(...) and S2 = q(S1):
+
+- one-shot: ``ONESHOT_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND = 2^-5``.
+- two-shot: ``TWOSHOT_REL_RMS_BOUND = B_sum + B_1 (1 + B_sum) = 2^-4 + 2^-10`` (0.0635),
+  with B_sum = ``wht6.SUM_REL_RMS_BOUND`` bounding ||S1 - S|| / ||S|| and B_1 the bound
+  of ONE payload, decode(encode(x)) against x: ``wht6.SUM_REL_RMS_BOUND`` again, the
+  sum of one payload (the codec's tests hold a single round trip to it; one payload's
+  measured error, 0.021 on Gaussian data, is what the codec's sum bound rests on).
+  ||S2 - S1|| <= B_1 ||S1|| and ||S1|| <= (1 + B_sum) ||S||, so the triangle
+  inequality gives the bound. It is a worst case: the two quantizations' errors are
+  independent and add in quadrature. Measured with the CPU reference codec (1024 x 5120
+  Gaussian bf16 per rank, W = 2, 4, 8): 0.021 one-shot, 0.0297 two-shot (1.41x).
+
+An instance's ``rel_rms_bound`` is the bound of every schedule it may run (``auto`` from
+W = 4 on: the two-shot bound, as it picks two-shot for large payloads); the class
+attribute is the larger, true of every instance.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radiance_ar import wht6
+from radiance_ar.envs import BackendSettings
+from radiance_ar.backends.interface import check_capacity_args, check_slice, copy_unless_same
+from radiance_ar.buffers import refuse_growth_in_capture
+from radiance_ar.backends.registry import register
+from radiance_ar.backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_schedule_wht6,
+    row_shards, wht6_twoshot_wire_bytes)
+from radiance_ar.transport.trace import traced
+from radiance_ar.backends.transport_backend import TransportBackend
+from radiance_ar.world import World
+
+ONESHOT_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND
+#: one payload's bound (decode(encode(x)) against x): a decode-accumulate of one payload
+PAYLOAD_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND
+TWOSHOT_REL_RMS_BOUND = ONESHOT_REL_RMS_BOUND + PAYLOAD_REL_RMS_BOUND * (1 + ONESHOT_REL_RMS_BOUND)
+REL_RMS_BOUNDS = {"oneshot": ONESHOT_REL_RMS_BOUND, "twoshot": TWOSHOT_REL_RMS_BOUND}
+
+
+@register("sdma_wht6")
+class SdmaWht6Backend(TransportBackend):
+    bit_exact = False  # quantized; still identical bits on every rank
+    rel_rms_bound = TWOSHOT_REL_RMS_BOUND  # the larger; each instance sets its schedule's
+    peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
+    stage_reduced = True  # emulated: the re-encoded shard is written to device memory first
+    world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
+    # Unsliced is fastest (H200, 4 emulated ranks, tools/results/2026-12-03-h200-final-2/):
+    # the op ran 1.592 ms at S = 1 against 2.280 (S = 4) and 2.420 (S = 8) at M = 8192,
+    # 3.074 against 4.384 and 4.541 at 16384. A slice is too small for two-shot (a
+    # two-shot call costs the host 415-434 us whatever its size) and one-shot pulls
+    # twice the bytes.
+    preferred_slices = 1
+
+    def __init__(self, world: World, settings: BackendSettings | None = None, *,
+                 schedule: str | None = None):
+        """``settings``: ``sdma_schedule`` and ``spin_timeout_ms`` (default: the
+        environment's); ``schedule`` fixes the schedule, checked alike."""
+        super().__init__(world, settings, schedule=schedule)
+        self.rel_rms_bound = REL_RMS_BOUNDS[
+            "twoshot" if world.size > 1 and self.may_use_twoshot() else "oneshot"]
+        self.cols = 0  # columns of the last ensure_capacity (payload rows, timing fill)
+        self._warm_dtypes: set[torch.dtype] = set()
+
+    def may_use_twoshot(self) -> bool:
+        # auto: two-shot for large payloads from WHT6_TWOSHOT_MIN_WORLD ranks on
+        return self.schedule == "twoshot" or (self.schedule == "auto" and
+                                              self.world.size >= WHT6_TWOSHOT_MIN_WORLD)
+
+    @classmethod
+    def unsupported_cols_reason(cls, cols: int) -> str | None:
+        return wht6.cols_reason(cols)
+
+    def schedule_for(self, payload_bytes: int) -> str:
+        """The schedule of a call moving payloads of ``payload_bytes`` (auto resolved)."""
+        return (auto_schedule_wht6(payload_bytes, self.world.size) if self.schedule == "auto"
+                else self.schedule)
+
+    def call_schedule(self, rows: int, cols: int, dtype: torch.dtype) -> str | None:
+        return (self.schedule_for(wht6.payload_bytes(rows * cols)) if self.world.size > 1
+                else None)
+
+    def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
+        """Bytes THIS rank pulls per call of ``numel`` values, whatever their dtype.
+        Two-shot shards by rows of ``cols`` (the last ``ensure_capacity``'s), so its
+        count is this rank's in its own world: another ``world_size`` is refused there."""
+        if world_size < 2:
+            return 0
+        payload = wht6.payload_bytes(numel)
+        auto = self.schedule == "auto"
+        schedule = auto_schedule_wht6(payload, world_size) if auto else self.schedule
+        if schedule == "oneshot":
+            return (world_size - 1) * payload
+        if world_size != self.world.size:
+            raise ValueError(f"sdma_wht6.wire_bytes: two-shot counts this rank's bytes in "
+                             f"its world of {self.world.size} ranks, got world_size={world_size}")
+        if self.cols == 0 or numel % self.cols:
+            raise ValueError(f"sdma_wht6.wire_bytes: {numel} values are not whole rows of "
+                             f"cols={self.cols} (call ensure_capacity first)")
+        return wht6_twoshot_wire_bytes(numel // self.cols, wht6.payload_bytes_per_row(self.cols),
+                                       world_size, self.world.rank)
+
+    def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
+        check_capacity_args(self.name, max_rows, cols, dtype)
+        rows, row_bytes = wht6.payload_shape(max_rows, cols)
+        if ((cols != self.cols or dtype not in self._warm_dtypes)
+                and self.world.device.type == "cuda" and self.world.size > 1):
+            if cols != self.cols:
+                self._warm_dtypes.clear()
+            self._warm_codec(cols, dtype)
+            self._warm_dtypes.add(dtype)
+        self.cols = cols
+        self.transport.ensure_capacity(rows * row_bytes)
+
+    def _warm_codec(self, cols: int, dtype: torch.dtype) -> None:
+        """Compile and load the codec kernels now, for the reason given in
+        :func:`radiance_ar.backends.kernels.reduce_sum.warm_up` (a first module load can synchronize
+        the device while an emulated rank's stream waits on a flag). Triton compiles one
+        variant per divisibility of ``n_sub = rows * cols / 32`` by 16: 1 and 2 rows give
+        both where both exist. Warming 1 row only leaves a variant to compile at a first
+        call, while a rank's stream may wait on a peer (docs/history.md). Two-shot also
+        decodes ONE payload (a variant of its own: Triton specializes an argument of 1)."""
+        refuse_growth_in_capture("sdma_wht6 codec warm-up", self.world.device)
+        counts = {self.world.size} | ({1} if self.may_use_twoshot() else set())
+        for rows in (1, 2):
+            x = torch.zeros(rows, cols, dtype=dtype, device=self.world.device)
+            payload = wht6.encode(x)
+            for n in sorted(counts):
+                wht6.decode_accumulate([payload] * n, (rows, cols), dtype)
+        torch.cuda.synchronize(self.world.device)
+
+    def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        check_slice(slice_in, out)
+        rows, cols = slice_in.shape
+        if self.world.size == 1:
+            copy_unless_same(slice_in, out)
+            return
+        tr = self.transport
+        shape = wht6.payload_shape(rows, cols)
+        nbytes = tr.check_fits(shape[0] * shape[1])
+        with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
+            encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream)
+            if self.schedule_for(nbytes) == "oneshot":
+                pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")
+                payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
+                            for q in range(self.world.size)]
+                with traced(tr.trace, stream, "decode_accumulate"):
+                    wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
+            else:
+                self._twoshot(t, encoded, out, stream)
+            tr.finish(t, 0, nbytes, stream)
+
+    def fill_passive_peers(self) -> None:
+        """Timing mode (see :meth:`radiance_ar.backends.sdma.SdmaBackend.fill_passive_peers`): every
+        peer holds valid payloads of rows of ``cols`` columns in ``pub`` and ``red``
+        (repeated whole rows from offset 0 are again a valid payload)."""
+        if self.cols == 0:
+            raise ValueError("sdma_wht6.fill_passive_peers: call ensure_capacity first")
+        g = torch.Generator().manual_seed(0)
+        values = torch.randn(64, self.cols, generator=g).to(torch.bfloat16)
+        self.transport.fill_passive_peers(wht6.encode(values))
+
+    # ------------------------------------------------------------------ internals
+
+    def _encode_and_publish(self, t: int, slice_in: torch.Tensor, shape: tuple, nbytes: int,
+                            stream: int) -> torch.Tensor:
+        """Encode ``slice_in`` into this rank's payload (fenced) and publish it as call
+        ``t``'s ``ready``; returns the local payload."""
+        tr = self.transport
+        if not tr.emulated:  # the encode below writes the peer-visible buffer itself
+            tr.fence(0, nbytes, stream)
+        encoded = tr.source("pub")[:nbytes].view(shape)
+        with traced(tr.trace, stream, "encode"):
+            wht6.encode(slice_in, out=encoded)
+        if tr.emulated:  # the D2H publish, fenced, on the publish lane
+            tr.publish(t, "ready", 0, encoded.data_ptr(), nbytes, stream, fence=(0, nbytes))
+        else:
+            self.signals.post("ready", t, stream)
+        return encoded
+
+    def _twoshot(self, t: int, encoded: torch.Tensor, out: torch.Tensor, stream: int) -> None:
+        """Phases 2-4 of the two-shot schedule (module doc), after the publish."""
+        tr, r, size = self.transport, self.world.rank, self.world.size
+        rows, cols = out.shape
+        rb = encoded.shape[1]
+        bounds = row_shards(rows, size, rb)
+        lo, hi = bounds[r], bounds[r + 1]
+        what = f"{self.name} two-shot all_reduce"
+        # Compressed reduce-scatter: shard r of every payload, summed in rank order.
+        got = {}
+        for p in tr.peers:
+            got[p] = tr.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb)
+            tr.pull(p, "ready", t, got[p].data_ptr(), lo * rb, (hi - lo) * rb, stream, what)
+        if hi > lo:
+            shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
+            with traced(tr.trace, stream, "decode_accumulate"):
+                wht6.decode_accumulate(shards, (hi - lo, cols), out.dtype, out=out[lo:hi])
+        # The gathered payload: every rank's re-encoded shard at its own rows, so one
+        # decode ends the call. Mine is encoded into it and published from it.
+        gathered = tr.source("red")[:rows * rb].view(rows, rb)
+        if hi > lo:
+            with traced(tr.trace, stream, "encode reduced"):
+                wht6.encode(out[lo:hi], out=gathered[lo:hi])
+        tr.publish(t, "reduced", lo * rb if tr.emulated else None,
+                   gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
+        # Compressed all-gather: every peer's re-encoded shard into its rows.
+        gathered_addr = gathered.data_ptr()
+        for p in tr.peers:
+            a, b = bounds[p], bounds[p + 1]
+            tr.pull(p, "reduced", t, gathered_addr + a * rb, a * rb, (b - a) * rb, stream, what)
+        tr.post_done(t, stream)
+        with traced(tr.trace, stream, "decode reduced"):
+            wht6.decode_accumulate([gathered], (rows, cols), out.dtype, out=out)

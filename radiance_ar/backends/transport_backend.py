@@ -1,0 +1,133 @@
+"""The Backend-level plumbing of the backends built on one copy-engine transport.
+
+``sdma`` and ``sdma_wht6`` each hold one :class:`~radiance_ar.transport.copy_transport.CopyTransport`
+(``self.transport``) and use only its public interface. This base picks the schedule
+from the settings, gates the world, sets where the transport holds compute units, and
+forwards the contract's fault, timing and memory calls (``check``, ``resync``,
+``close``, ``start_trace``/``stop_trace``) to the transport. What a call computes, and
+in which schedule, is each backend's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ClassVar
+
+import torch
+
+from radiance_ar.transport.copy_engine import bindings_reason, platform
+from radiance_ar.transport.copy_transport import CopyTransport
+from radiance_ar.envs import BackendSettings
+from radiance_ar.backends.interface import Backend
+from radiance_ar.backends.sdma_schedule import COMPUTE_UNITS
+from radiance_ar.transport.trace import StepTrace
+from radiance_ar.world import KINDS, MAX_WORLD, World
+
+
+#: CUDA_DEVICE_MAX_CONNECTIONS as emulated ranks set it (radiance_ar.envs): hardware queues
+HARDWARE_QUEUES = 32
+
+
+def emulated_streams_reason(world: World, call_streams: int) -> str | None:
+    """``None``, or why W emulated ranks cannot each keep ``call_streams`` call streams: one
+    GPU's ranks would then have more busy streams than hardware queues (each rank: its own,
+    the publish lane, the op's side stream and the call streams), and streams that share a
+    queue can park one rank behind another's wait on a flag (docs/design.md, 'Worlds')."""
+    if world.kind != "gpu-emulated" or call_streams == 1:
+        return None
+    per_rank = 3 + call_streams
+    if world.size * per_rank <= HARDWARE_QUEUES:
+        return None
+    return (f"{world.size} emulated ranks x {per_rank} streams exceed the GPU's "
+            f"{HARDWARE_QUEUES} hardware queues; set RADIANCE_AR_SDMA_CALL_STREAMS=1")
+
+
+class TransportBackend(Backend):
+    # Class defaults; each instance refines uses_compute_units_while_waiting for its path
+    # (see sdma_schedule.COMPUTE_UNITS and ``compute_unit_note``).
+    uses_compute_units_while_waiting = False
+    capture_safe = False
+    waits_on_peers = True
+    #: the emulated world gives ``red`` a device stage (the reduced bytes are computed
+    #: into device memory, then published D2H)
+    stage_reduced: ClassVar[bool] = False
+    #: what limits the world size to MAX_WORLD (for the gate's message)
+    world_limit: ClassVar[str] = "the reduce kernel's input limit"
+    #: its calls may run on the transport's two call streams (``sdma_call_streams``);
+    #: ``sdma_wht6`` publishes every call at offset 0, so its calls could never overlap
+    uses_call_streams: ClassVar[bool] = False
+
+    def __init__(self, world: World, settings: BackendSettings | None = None, *,
+                 schedule: str | None = None):
+        """``settings``: ``sdma_schedule`` and ``spin_timeout_ms`` (default: the
+        environment's). ``schedule`` fixes the schedule whatever the settings say (a
+        probe of one schedule); checked alike."""
+        super().__init__(world, settings)
+        if schedule is not None:
+            self.settings = self.settings.replace(sdma_schedule=schedule)
+        self.schedule = self.settings.sdma_schedule
+        self.uses_compute_units_while_waiting, self.compute_unit_note = COMPUTE_UNITS[
+            (world.kind, platform(world.device))]
+        streams = self.settings.sdma_call_streams if self.uses_call_streams else 1
+        reason = emulated_streams_reason(world, streams)
+        if reason is not None:
+            raise ValueError(f"backend {self.name!r} cannot run here: {reason}")
+        self.transport = CopyTransport(world, self.name, self.settings.spin_timeout_ms,
+                                       reduced=self.may_use_twoshot(),
+                                       stage_reduced=self.stage_reduced,
+                                       call_streams=streams)
+        self.signals = self.transport.signals
+
+    def may_use_twoshot(self) -> bool:
+        """Whether a call of this instance can run two-shot (then ``red`` is allocated)."""
+        return self.schedule in ("auto", "twoshot")
+
+    @classmethod
+    def unsupported_reason(cls, world: World) -> str | None:
+        kind = world.kind
+        if kind not in KINDS:
+            return f"world kind {kind!r} is unknown to {cls.name} (known: {', '.join(KINDS)})"
+        if world.size > MAX_WORLD:
+            return f"world size {world.size} > {MAX_WORLD}, {cls.world_limit}"
+        dev = torch.device(world.device)
+        if kind == "cpu-shm" and dev.type != "cpu":
+            return f"a cpu-shm world on device {dev}"
+        if kind.startswith("gpu") and dev.type != "cuda":
+            return f"a {kind} world needs a CUDA/ROCm device, got {dev}"
+        if dev.type == "cuda" and world.size > 1:
+            if not torch.cuda.is_available():
+                return "no CUDA/ROCm device is visible"
+            return bindings_reason(dev)
+        return None
+
+    @property
+    def capacity(self) -> int:
+        """Bytes of one transport buffer (0: none)."""
+        return self.transport.capacity
+
+    @property
+    def pulled_bytes(self) -> int:
+        """Bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)."""
+        return self.transport.pulled_bytes
+
+    def check(self, timeout_ms: float | None = None) -> None:
+        """Host-side bounded wait for every call enqueued so far (GPU); raises naming a
+        missing peer (:meth:`radiance_ar.transport.gpu_signals.GpuSignals.check`). CPU: waits are inline."""
+        self.transport.check(timeout_ms)
+
+    def resync(self) -> None:
+        """Collective (:meth:`Backend.resync`); see :meth:`CopyTransport.resync` (emulated:
+        ``check`` on every rank first; refused in gpu-symm)."""
+        self.transport.resync()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def overlapped_calls(self) -> contextlib.AbstractContextManager:
+        return self.transport.overlapped()
+
+    def start_trace(self) -> StepTrace | None:
+        return self.transport.start_trace()
+
+    def stop_trace(self) -> None:
+        self.transport.trace = None

@@ -1,0 +1,23 @@
+"""Grow-only persistent buffers: how much to grow, and never while a graph is captured.
+
+A leaf: the transports, the op's scratch pool and the backends import it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def grown_size(need: int, current: int, align: int = 1) -> int:
+    """The size a grow-only buffer of ``current`` units takes to hold ``need``: at least
+    1.5x ``current``, so a warm-up of rising M re-allocates O(log M) times rather than at
+    every new high-water mark (docs/history.md), rounded up to a multiple of ``align``."""
+    return -(-max(need, current * 3 // 2) // align) * align
+
+
+def refuse_growth_in_capture(what: str, device: torch.device) -> None:
+    """Raise if the current stream of ``device`` is capturing a CUDA graph."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{what}: growth requested during CUDA-graph capture; call ensure_capacity with "
+            "the largest shape before capturing")

@@ -1,0 +1,133 @@
+"""A world of W real CPU processes (gloo + shared memory), started once, reused many times.
+
+Starting a process costs seconds here, so tests and tools start one pool and send it
+many jobs::
+
+    with CpuWorldPool(4) as pool:
+        results = pool.run(my_job, 8192)   # my_job(world, 8192) on every rank
+
+``my_job`` must be a module-level function (it is pickled by reference). A job that
+raises on any rank raises :class:`WorldError` here with that rank's traceback; a rank
+that dies, or a job that outlives ``timeout_s``, also raises (and the pool is closed,
+since its other ranks may be stuck in a collective).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+
+class WorldError(RuntimeError):
+    """A job failed, a rank died, or a job timed out in a :class:`CpuWorldPool`."""
+
+
+def _worker(rank: int, size: int, init_file: str, jobs, results, collective_timeout_s: float,
+            threads: int) -> None:
+    import torch.distributed as dist
+
+    from radiance_ar.world import from_process_group
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=size, timeout=timedelta(seconds=collective_timeout_s))
+    world = from_process_group(device=torch.device("cpu"))
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        fn, args, kwargs = job
+        try:
+            results.put((rank, True, fn(world, *args, **kwargs)))
+        except BaseException:  # noqa: BLE001 -- the traceback travels to the parent
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class CpuWorldPool:
+    """W gloo processes on this machine; see the module docstring."""
+
+    def __init__(self, size: int, collective_timeout_s: float = 60.0):
+        if size < 1:
+            raise ValueError(f"CpuWorldPool: size must be >= 1, got {size}")
+        self.size = size
+        ctx = mp.get_context("spawn")
+        fd, self._init_file = tempfile.mkstemp(prefix="radiance-ar-init-")
+        os.close(fd)
+        os.unlink(self._init_file)  # the FileStore creates it
+        self._results = ctx.Queue()
+        self._jobs = [ctx.Queue() for _ in range(size)]
+        threads = max(1, (os.cpu_count() or 1) // size)
+        self._procs = [
+            ctx.Process(target=_worker, daemon=True,
+                        args=(r, size, self._init_file, self._jobs[r], self._results,
+                              collective_timeout_s, threads))
+            for r in range(size)
+        ]
+        for p in self._procs:
+            p.start()
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0,
+            **kwargs: Any) -> list[Any]:
+        """Run ``fn(world, *args, **kwargs)`` on every rank; results indexed by rank."""
+        if not self._procs:
+            raise WorldError("CpuWorldPool is closed")
+        for q in self._jobs:
+            q.put((fn, args, kwargs))
+        out: dict[int, Any] = {}
+        failures: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) + len(failures) < self.size:
+            try:
+                rank, ok, value = self._results.get(timeout=0.2)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(self._procs) if p.exitcode is not None]
+                if dead:
+                    codes = [self._procs[r].exitcode for r in dead]
+                    self.close()
+                    raise WorldError(f"{fn.__name__}: rank(s) {dead} died (exit codes {codes}); "
+                                     "pool closed")
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise WorldError(f"{fn.__name__}: no result from every rank within "
+                                     f"{timeout_s:g} s; pool closed")
+                continue
+            if ok:
+                out[rank] = value
+            else:
+                failures.append(f"--- rank {rank} ---\n{value}")
+        if failures:
+            raise WorldError(f"{fn.__name__} failed on {len(failures)} rank(s):\n"
+                             + "\n".join(failures))
+        return [out[r] for r in range(self.size)]
+
+    @property
+    def closed(self) -> bool:
+        return not self._procs
+
+    def close(self) -> None:
+        for q, p in zip(self._jobs, self._procs):
+            if p.is_alive():
+                q.put(None)
+        for p in self._procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self._procs = []
+        if os.path.exists(self._init_file):
+            os.unlink(self._init_file)
+
+    def __enter__(self) -> "CpuWorldPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,133 @@
+"""``radiance::linear_ar``: a RowParallel linear and its all-reduce as ONE opaque op.
+
+Plain-torch meaning, for x and weight the rank's shards::
+
+    out = sum over ranks r of (x_r @ weight_r.T)          # M x N, dtype of x
+
+torch.compile sees one node (a fake is registered), so the M-dependent branch, the
+streams and the events below are runtime-internal: a shape branch written in Python
+around the op would split the compiled graph at every linear (the deployment this
+project comes from measured ~30% of decode lost to such graph breaks). Inside:
+
+- M < RADIANCE_AR_OVERLAP_MIN_M, or backend ``stock``: GEMM, then the vendor
+  all-reduce in place. No stream or event API: this arm runs inside decode's captured
+  CUDA graphs.
+- otherwise: the sliced pipeline of :mod:`radiance_ar.overlap.pipeline` with the chosen backend.
+
+The op is collective and ordered: every rank makes the same calls in the same order.
+The backends check that on every call (:mod:`radiance_ar.call_contract`) and raise on
+every rank that sees a late, missing or mismatched peer; one runtime serves one call
+at a time (a second thread entering while a call is in flight raises), and a backend
+that is not ``capture_safe`` refuses the sliced path inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from radiance_ar.call_contract import CollectiveError
+from radiance_ar.streams import current_stream_handle
+from radiance_ar.overlap import producers
+from radiance_ar.overlap.pipeline import run_sliced
+from radiance_ar.overlap.producers import Producer
+from radiance_ar.overlap.runtime import OverlapRuntime, current
+from radiance_ar.overlap.slicing import op_bounds
+
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_inputs(x: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor],
+                 producer: str) -> Producer:
+    """Caller-facing checks of the op's arguments; returns the producer."""
+    prod = producers.get(producer)
+    if x.dim() != 2:
+        raise ValueError(f"radiance::linear_ar: x must be 2-D (tokens, K), got shape {tuple(x.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"radiance::linear_ar: weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"radiance::linear_ar: x dtype {x.dtype}, expected one of {ACTIVATION_DTYPES}")
+    weight_k = weight.shape[1] * prod.values_per_weight_element
+    if x.shape[1] != weight_k:
+        raise ValueError(f"radiance::linear_ar: K mismatch: x has {x.shape[1]} columns, "
+                         f"weight (N, K) has K = {weight_k}")
+    if x.shape[0] == 0:
+        raise ValueError("radiance::linear_ar: x has 0 rows; expected M >= 1")
+    if not x.is_contiguous():
+        raise ValueError("radiance::linear_ar: x must be contiguous")
+    if weight.device != x.device or (weight_scale is not None and weight_scale.device != x.device):
+        raise ValueError(f"radiance::linear_ar: x is on {x.device} but weight is on {weight.device}"
+                         + (f" and weight_scale on {weight_scale.device}" if weight_scale is not None else ""))
+    prod.check(x, weight, weight_scale)
+    return prod
+
+
+def forward(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
+            weight_scale: Optional[torch.Tensor], producer: str) -> torch.Tensor:
+    """The op's body with its runtime explicit (one runtime per emulated rank)."""
+    prod = check_inputs(x, weight, weight_scale, producer)
+    if x.device != rt.world.device:
+        raise ValueError(f"radiance::linear_ar: x is on {x.device}, this rank's device is "
+                         f"{rt.world.device}")
+    with rt.one_call_at_a_time():
+        return _forward(rt, prod, x, weight, weight_scale)
+
+
+def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.Tensor,
+             weight_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    rows, cols = x.shape[0], weight.shape[0]
+    backend = rt.backend
+    sliced = rows >= rt.settings.min_m and backend.pipelined
+    if sliced and x.is_cuda and torch.cuda.is_current_stream_capturing() \
+            and not backend.capture_safe:
+        raise RuntimeError(
+            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (its call "
+            f"numbers are host integers a graph replay would repeat), so its sliced path "
+            f"(M = {rows} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
+            "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
+            "choose a capture-safe backend")
+    out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
+    prepared = prod.prepare(x, weight, weight_scale, rt.scratch)
+    if not sliced:
+        prod.launch(prepared, 0, rows, out, current_stream_handle(x.device))
+        with backend.vendor_call(out):
+            rt.stock.all_reduce(out, out)
+        return out
+    backend.call_key = (rows, x.shape[1])
+    try:
+        backend.ensure_capacity(rows, cols, out.dtype)
+        y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
+             else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
+        bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
+        run_sliced(prepared, prod, backend, y, out, bounds, rt.lanes())
+    except CollectiveError:
+        _release_peer_in_vendor_call(rt)
+        raise
+    return out
+
+
+def _release_peer_in_vendor_call(rt: OverlapRuntime) -> None:
+    """A peer took the decode path (vendor all-reduce) for a call this rank sliced: join
+    its collective once with NaN so it is not left blocked until the vendor's timeout.
+    It then reads this rank's abort word and raises too (``Backend.vendor_call``)."""
+    signals = rt.backend.signals
+    sig = signals.missed_vendor_call() if signals is not None else None
+    if sig is None or rt.stock_reason() is not None:
+        return
+    nan = torch.full((sig.rows, sig.cols), float("nan"), dtype=sig.dtype, device=rt.world.device)
+    rt.stock.all_reduce(nan, nan)
+    signals.vendor_calls += 1
+
+
+@torch.library.custom_op("radiance::linear_ar", mutates_args=())
+def linear_ar(x: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor],
+              producer: str) -> torch.Tensor:
+    """``sum over ranks of x @ weight.T`` through this process's runtime (see module doc)."""
+    return forward(current(), x, weight, weight_scale, producer)
+
+
+@linear_ar.register_fake
+def _linear_ar_fake(x, weight, weight_scale, producer):
+    check_inputs(x, weight, weight_scale, producer)
+    return x.new_empty((x.shape[0], weight.shape[0]))

@@ -1,0 +1,74 @@
+"""The sliced pipeline: slice s's all-reduce runs while slice s+1's GEMM computes.
+
+Streams (the caller's stream is "main"; roles chosen so that every per-call
+tensor -- ``out``, activation scales -- lives on main with a normal lifetime, and only
+persistent buffers cross streams)::
+
+    main  : prepare(x) --ev0--+                 wait g0  AR(0)  wait g1  AR(1) ...  return
+    side  :                   +-> GEMM(0) -g0-> GEMM(1) -g1-> GEMM(2) -g2-> ...
+                                  |              |
+                                  v              v
+                          y[b0:b1] (peer-visible or scratch)   y[b1:b2] ...
+
+- ``side`` first waits for main (x is prepared; the previous call's ARs, which read
+  ``y``, are done), then runs every GEMM slice into ``y`` and marks event ``g_s``.
+- ``main`` waits for ``g_s`` and runs the backend's AR of rows ``b_s:b_s+1`` into ``out``,
+  every AR inside ``backend.overlapped_calls()``: a backend may start AR s+1 before AR s
+  has ended (sdma's two call streams), and ``main`` is ordered after all of them when the
+  block ends.
+- When it returns, main has waited for every ``g_s``, so it is ordered after every
+  side-stream use of ``x``, the scales and ``y``: freeing per-call tensors is safe and no
+  record-stream bookkeeping is needed. Nothing is allocated on ``side``.
+
+Host order: every GEMM slice is enqueued before the first AR. Interleaving them (each
+GEMM one slice ahead of its AR, so that AR(0) is not held back by S - 2 GEMM launches)
+was tried and reverted: in the emulated world (W ranks driven by one host thread) a GEMM
+launched after a rank's AR can be the first use of a kernel module, whose load waits for
+the device, while that rank's AR waits for a peer the host has not reached: the
+oneshot_wht6 op test then timed out on an H200 (tools/results/2026-12-03-h200-codec-host/),
+and the host-time gain itself was not measurable there.
+
+On the CPU the lanes are no-ops and the same code runs in program order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from radiance_ar.backends.interface import Backend
+from radiance_ar.overlap.lanes import Lanes
+from radiance_ar.overlap.producers import Prepared, Producer
+
+
+def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torch.Tensor,
+               out: torch.Tensor, bounds: list[int], lanes: Lanes) -> None:
+    """Pipeline ``len(bounds) - 1`` slices: GEMM rows into ``y``, AR them into ``out``."""
+    assert y.shape == out.shape and bounds[0] == 0 and bounds[-1] == out.shape[0]
+    slices = len(bounds) - 1
+    lanes.side_waits_for_caller()
+    with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
+        for s in range(slices):
+            a, b = bounds[s], bounds[s + 1]
+            producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
+            lanes.mark_side(s)
+    reduce_slices(backend, y, out, bounds, before=lanes.caller_waits)
+
+
+def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: list[int],
+                  before: Callable[[int], None] | None = None,
+                  after: Callable[[int], None] | None = None) -> None:
+    """``out[b_s:b_s+1] = sum over ranks of y[b_s:b_s+1]`` for every slice s, one
+    ``all_reduce`` each, as the op calls them: inside ``backend.overlapped_calls()``, so
+    slice s+1's AR may start before slice s's ends and the current stream is ordered
+    after all of them on return. ``before(s)`` / ``after(s)`` run around slice s's call
+    (the op: the wait for GEMM s; the timeline: its events)."""
+    with backend.overlapped_calls():
+        for s in range(len(bounds) - 1):
+            a, b = bounds[s], bounds[s + 1]
+            if before is not None:
+                before(s)
+            backend.all_reduce(y[a:b], out[a:b])
+            if after is not None:
+                after(s)

@@ -1,0 +1,166 @@
+"""GEMM producer ``mxfp4_w4a8``: fp8 activations, MXFP4 weights, bf16 (x's dtype) output.
+
+Math, for an activation x [M, K] (bf16/fp16/fp32) and a quantized weight (wq, ws)::
+
+    x_scale[m] = max(max_k |x[m, k]|, 448e-12) / 448                    (fp32)
+    xq[m, k]   = e4m3(x[m, k] / x_scale[m])          (round to nearest even)
+    y[m, n]    = x_scale[m] * sum_k xq[m, k] * e2m1(wq[n, k]) * 2^(ws[n, k // 32] - 127)
+
+Formats (OCP Microscaling Formats (MX) v1.0):
+
+- ``weight`` [N, K/2] uint8: e2m1 codes (1 sign, 2 exponent, 1 mantissa bit; exponent
+  bias 1), two per byte along K, element 2j in the low nibble. Magnitude codes 0..7 are
+  0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
+- ``weight_scale`` [N, K/32] uint8: e8m0, one per 32 consecutive K values of a row;
+  byte e is 2^(e - 127); 255 is NaN.
+
+:func:`quantize_weight` follows the spec's conversion (section 6.3): a block's shared
+exponent is floor(log2(max |w|)) - 2 (2: the largest e2m1 exponent), clamped to the
+e8m0 range, and each w / 2^X is rounded to the nearest e2m1 value, ties to even,
+saturating at +-6. :func:`dequantize_weight` and :func:`reference` are the float
+definition the kernel (:mod:`radiance_ar.overlap.kernels.mxfp4_w4a8`) is checked against.
+
+The producer quantizes x per token in ``prepare`` (once per call, row-independent, so
+slicing stays exact) and launches the Triton kernel per row slice on the given stream.
+Triton is imported at the first launch: importing this module needs torch only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radiance_ar.overlap import producers
+from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
+from radiance_ar.overlap.producers import FP8, FP8_MAX, Prepared
+from radiance_ar.overlap.scratch import ScratchPool
+
+NAME = "mxfp4_w4a8"
+MX_GROUP = kernel.MX_GROUP
+E2M1_MAX = 6.0
+E2M1_EMAX = 2  # exponent of the largest e2m1 value, 6 = 1.5 * 2^2
+E8M0_BIAS = 127
+E8M0_NAN = 255
+#: |value| of the e2m1 magnitude codes 0..7
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: Rounding |v| (<= 6) to the nearest e2m1 magnitude: the code is the number of these
+#: midpoints below |v|; at a tie the even code wins, so ties at 0.25, 1.25, 2.5 and 5
+#: stay below (strict >) and ties at 0.75, 1.75 and 3.5 go up (>=).
+_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
+              (3.5, True), (5.0, False))
+#: Per-token scale floor: an all-zero row quantizes to zeros, not to NaN.
+_MIN_X_SCALE = 1e-12
+
+
+def quantize_activation(x: torch.Tensor, out: torch.Tensor | None = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq fp8 e4m3 [M, K], x_scale fp32 [M]) with x ~ x_scale[:, None] * xq (module doc)."""
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"quantize_activation: x must be a 2-D float tensor, got "
+                         f"{tuple(x.shape)} {x.dtype}")
+    x_scale = (x.abs().amax(dim=1).float() / FP8_MAX).clamp_min(_MIN_X_SCALE)
+    if out is None:
+        out = torch.empty(x.shape, dtype=FP8, device=x.device)
+    torch.div(x.float(), x_scale[:, None], out=out)
+    return out, x_scale
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed e2m1 codes [N, K/2] uint8, e8m0 scales [N, K/32] uint8) of w [N, K]."""
+    if w.dim() != 2 or not w.is_floating_point() or w.shape[1] % MX_GROUP:
+        raise ValueError(f"quantize_weight: w must be a 2-D float tensor with K a multiple "
+                         f"of {MX_GROUP}, got {tuple(w.shape)} {w.dtype}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("quantize_weight: w holds NaN or Inf; MXFP4 codes only finite values")
+    n, k = w.shape
+    blocks = w.double().reshape(n, k // MX_GROUP, MX_GROUP)
+    amax = blocks.abs().amax(dim=2)
+    # floor(log2(amax)) from frexp, exact: amax = f * 2^e with f in [0.5, 1).
+    exp = torch.frexp(amax)[1].to(torch.int32) - 1 - E2M1_EMAX
+    biased = torch.where(amax > 0, exp + E8M0_BIAS, torch.zeros_like(exp))
+    biased = biased.clamp(0, E8M0_NAN - 1)
+    scaled = blocks / torch.pow(2.0, (biased - E8M0_BIAS).double())[..., None]
+    mag = scaled.abs().clamp_max(E2M1_MAX)
+    code = torch.zeros_like(mag, dtype=torch.uint8)
+    for mid, tie_up in _MIDPOINTS:
+        code += (mag >= mid if tie_up else mag > mid).to(torch.uint8)
+    code |= ((scaled < 0) & (code > 0)).to(torch.uint8) << 3
+    code = code.reshape(n, k)
+    packed = code[:, 0::2] | (code[:, 1::2] << 4)
+    return packed.contiguous(), biased.to(torch.uint8).contiguous()
+
+
+def dequantize_weight(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float64 [N, K] values of packed e2m1 codes and e8m0 scales (module doc)."""
+    if packed.dtype != torch.uint8 or scales.dtype != torch.uint8 or packed.dim() != 2 \
+            or tuple(scales.shape) != (packed.shape[0], 2 * packed.shape[1] // MX_GROUP) \
+            or (2 * packed.shape[1]) % MX_GROUP:
+        raise ValueError(f"dequantize_weight: expected uint8 codes (N, K/2) and uint8 scales "
+                         f"(N, K/32) with K a multiple of {MX_GROUP}, got "
+                         f"{tuple(packed.shape)} {packed.dtype} and {tuple(scales.shape)} "
+                         f"{scales.dtype}")
+    n = packed.shape[0]
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=2).reshape(n, -1).long()
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=packed.device)
+    values = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).double()
+    exps = scales.double() - E8M0_BIAS
+    factor = torch.where(scales == E8M0_NAN, torch.nan, torch.pow(2.0, exps))
+    return (values.reshape(n, -1, MX_GROUP) * factor[..., None]).reshape(n, -1)
+
+
+def dequantize_activation(xq: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+    """float64 [M, K] values of per-token scaled e4m3 codes."""
+    return xq.double() * x_scale.double().reshape(-1, 1)
+
+
+def reference(xq: torch.Tensor, x_scale: torch.Tensor, packed: torch.Tensor,
+              scales: torch.Tensor) -> torch.Tensor:
+    """float64 ``y = dequantize_activation(...) @ dequantize_weight(...).T``: the product of
+    the dequantized operands, which the kernel computes up to fp32 sums and one rounding."""
+    return dequantize_activation(xq, x_scale) @ dequantize_weight(packed, scales).t()
+
+
+def check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None) -> None:
+    """The producer's inputs: x [M, K] activation, weight [N, K/2] packed codes,
+    weight_scale [N, K/32] e8m0 (``radiance::linear_ar``'s common checks aside)."""
+    k = x.shape[1]
+    if k % MX_GROUP:
+        raise ValueError(f"producer {NAME}: K = {k} must be a multiple of {MX_GROUP}")
+    if weight.dtype != torch.uint8 or weight.dim() != 2 or weight.shape[1] != k // 2 \
+            or not weight.is_contiguous():
+        raise ValueError(f"producer {NAME}: weight must be contiguous packed e2m1 uint8 of "
+                         f"shape (N, {k // 2}) for K = {k}, got {tuple(weight.shape)} "
+                         f"{weight.dtype}")
+    shape = (weight.shape[0], k // MX_GROUP)
+    if weight_scale is None or weight_scale.dtype != torch.uint8 \
+            or tuple(weight_scale.shape) != shape or not weight_scale.is_contiguous():
+        got = ("None" if weight_scale is None
+               else f"{tuple(weight_scale.shape)} {weight_scale.dtype}")
+        raise ValueError(f"producer {NAME}: weight_scale must be contiguous e8m0 uint8 of "
+                         f"shape {shape}, one per {MX_GROUP} K values, got {got}")
+
+
+def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+            scratch: ScratchPool) -> Prepared:
+    """Per-token fp8 quantization of x into a persistent buffer, on the caller's stream
+    (widened to bf16 where the device's kernel configs read bf16, see
+    :func:`radiance_ar.overlap.kernels.mxfp4_w4a8.activation_dtype`); the scales are a per-call
+    tensor (the pipeline orders the caller's stream after every side-stream read before
+    it returns)."""
+    check(x, weight, weight_scale)
+    xq = scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device)
+    xq, x_scale = quantize_activation(x, out=xq)
+    storage = kernel.activation_dtype(x.device)
+    if storage != FP8:  # the same values, widened for this GPU's kernel configs
+        widened = scratch.get("mxfp4_xq_wide", tuple(x.shape), storage, x.device)
+        xq = widened.copy_(xq)
+    return Prepared(xq, weight, x_scale, weight_scale)
+
+
+def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
+    """Rows ``a:b`` of the product into the view ``out`` on ``stream`` (a raw handle)."""
+    kernel.mxfp4_w4a8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, out=out,
+                           stream=stream)
+
+
+producers.register_external(NAME, launch, prepare=prepare, needs_weight_scale=True,
+                            values_per_weight_element=2, check=check)

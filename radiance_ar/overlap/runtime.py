@@ -1,0 +1,148 @@
+"""The process's overlap runtime: the world, the settings, the backends and the buffers.
+
+``radiance::linear_ar`` is a torch custom op and cannot take Python objects, so the
+state it needs lives here, set up once per process by :func:`configure` (the vLLM
+installer calls it; tests and tools call it directly). :func:`forward` is the op's
+body with the runtime passed explicitly, which lets one process drive several emulated
+ranks, each with its own runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+from radiance_ar import backends
+from radiance_ar.backends.interface import Backend
+from radiance_ar.world import World
+from radiance_ar.overlap.config import OverlapSettings, from_env
+from radiance_ar.overlap.lanes import Lanes
+from radiance_ar.overlap.scratch import ScratchPool
+
+
+@dataclass
+class OverlapRuntime:
+    world: World
+    settings: OverlapSettings
+    backend: Backend  # the sliced path's all-reduce
+    scratch: ScratchPool = field(default_factory=ScratchPool)
+    _lanes: Lanes | None = None
+    _stock: Backend | None = None
+    _call_lock: threading.Lock = field(default_factory=threading.Lock)
+    _call_thread: str | None = None
+
+    @property
+    def stock(self) -> Backend:
+        """The decode path's all-reduce (and the unsliced baseline's): the vendor collective.
+
+        Built on first use, so a world without a vendor collective (the emulated one) can
+        still run the sliced path; using the decode path there raises the stock gate's reason.
+        """
+        if self._stock is None:
+            self._stock = (self.backend if self.backend.name == "stock"
+                           else backends.get("stock")(self.world, self.settings.backend_settings))
+        return self._stock
+
+    def stock_reason(self) -> str | None:
+        """Why the vendor collective cannot serve this world (None: it can)."""
+        return backends.get("stock").unsupported_reason(self.world)
+
+    @contextlib.contextmanager
+    def one_call_at_a_time(self) -> Iterator[None]:
+        """The op's calls are collective and ordered; two threads interleaving calls on
+        one runtime would pair the wrong calls across ranks. A second thread entering
+        while a call is in flight raises (it does not wait: its call would be ordered
+        by chance, not by program order, across ranks)."""
+        if not self._call_lock.acquire(blocking=False):
+            raise RuntimeError(
+                f"radiance::linear_ar: thread {threading.current_thread().name!r} entered the "
+                f"op while thread {self._call_thread!r} has a call in flight on this runtime; "
+                "calls are collective and must come from one thread per rank, in one order")
+        self._call_thread = threading.current_thread().name
+        try:
+            yield
+        finally:
+            self._call_thread = None
+            self._call_lock.release()
+
+    def lanes(self) -> Lanes:
+        # Created on the first sliced call only: the decode path never touches streams.
+        if self._lanes is None:
+            self._lanes = Lanes(self.world.device)
+        return self._lanes
+
+    def close(self) -> None:
+        self.backend.close()
+        if self._stock is not None and self._stock is not self.backend:
+            self._stock.close()
+
+
+class ProcessRuntime:
+    """The one runtime the op uses in this process, and its lifetime.
+
+    - Who builds it: :meth:`configure` (collective over the world's ranks). The vLLM
+      installer calls it once per process on vLLM's TP group; tests and tools call
+      :func:`overlap.configure` directly.
+    - ``configure`` twice: with the same ``key`` and settings it returns the runtime it
+      has (the installer runs once per model load, possibly more than once); otherwise it
+      closes the runtime it has (collective where its memory is) and builds a new one.
+    - Who closes it: :meth:`shutdown` (collective), or the next ``configure``. A process
+      that exits without either releases its memory with the process.
+    """
+
+    def __init__(self) -> None:
+        self._runtime: OverlapRuntime | None = None
+        self._key: tuple[Any, OverlapSettings | None] | None = None
+
+    def is_configured_for(self, key: Any, settings: OverlapSettings | None) -> bool:
+        return self._runtime is not None and self._key == (key, settings)
+
+    def configure(self, world: World, settings: OverlapSettings | None = None,
+                  key: Any = None) -> OverlapRuntime:
+        if key is not None and self.is_configured_for(key, settings):
+            return self._runtime
+        self.shutdown()
+        self._runtime = build(world, settings)
+        self._key = (key, settings)
+        return self._runtime
+
+    def current(self) -> OverlapRuntime:
+        if self._runtime is None:
+            raise RuntimeError("radiance::linear_ar has no runtime in this process: call "
+                               "overlap.configure(world) first (the vLLM installer does)")
+        return self._runtime
+
+    def shutdown(self) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
+        self._runtime, self._key = None, None
+
+
+#: the op's state in this process (a torch custom op takes no Python objects)
+PROCESS = ProcessRuntime()
+
+
+def build(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
+    """Collective: a runtime for ``world`` (settings default to the environment's); the
+    backend is built with ``settings.backend_settings``."""
+    settings = from_env() if settings is None else settings
+    backend = backends.get(settings.backend)(world, settings.backend_settings)
+    return OverlapRuntime(world, settings, backend)
+
+
+def configure(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
+    """Collective: build this process's runtime and make the op use it (closing any
+    earlier one: see :class:`ProcessRuntime`)."""
+    return PROCESS.configure(world, settings)
+
+
+def current() -> OverlapRuntime:
+    return PROCESS.current()
+
+
+def shutdown() -> None:
+    """Collective: close this process's runtime; the op refuses until ``configure``."""
+    PROCESS.shutdown()

@@ -1,0 +1,53 @@
+"""Persistent, grow-only scratch buffers, one per (device, name).
+
+Why: in the deployment this project comes from, a first pipeline allocated GEMM outputs
+and AR results on a side stream; the deferred frees of torch's record-stream mechanism
+piled up across 64 layers into more than 1 GiB of dead reserved memory and warm-up ran
+out of memory. Here every cross-stream tensor is a view of one of these buffers,
+allocated on the caller's stream and never freed, so after warm-up the allocator sees
+nothing at all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radiance_ar.buffers import grown_size, refuse_growth_in_capture
+
+
+class ScratchPool:
+    """Grow-only byte buffers; :meth:`get` returns typed views into them."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[torch.device, str], torch.Tensor] = {}
+        #: how many times any buffer was (re)allocated; flat after warm-up
+        self.growths = 0
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
+        """A view of ``shape``/``dtype`` at the start of buffer ``name`` on ``device``.
+
+        Grows the buffer (on the current stream) when it is too small; refuses during
+        CUDA-graph capture. Contents are whatever the last user left.
+        """
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * dtype.itemsize
+        key = (torch.device(device), name)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < nbytes:
+            refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0])
+            # At least 1.5x: a new high M can first come late in a run (docs/history.md).
+            grown = grown_size(nbytes, buf.numel() if buf is not None else 0)
+            # Drop the old buffer first so the allocator can reuse its block.
+            self._buffers.pop(key, None)
+            del buf
+            buf = torch.empty(grown, dtype=torch.uint8, device=key[0])
+            self._buffers[key] = buf
+            self.growths += 1
+        return buf[:nbytes].view(dtype).view(shape)
+
+    def reserved_bytes(self) -> int:
+        """Bytes held by every buffer of the pool."""
+        return sum(b.numel() for b in self._buffers.values())

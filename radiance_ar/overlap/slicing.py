@@ -1,0 +1,62 @@
+"""The slicing plan: row bounds of M rows cut into S slices, equal or growing.
+
+Row slicing is exact for a row-independent producer (per-token quantization + GEMM):
+every slice computes the same rows, bit for bit, as the whole.
+
+Plans (``RADIANCE_AR_OVERLAP_PLAN``):
+
+- ``uniform``: S equal slices. The pipeline's exposed work is one GEMM slice at the head
+  and one AR slice at the tail, each 1/S of its lane.
+- ``growing``: slice k is 2^k parts of 2^S - 1, so the first slice is 1/(2^S - 1) of M
+  and each later one twice the one before. Where one part's AR takes at least twice
+  its GEMM (a PCIe box at prefill), the AR lane never waits once it has started: GEMM
+  slices 0..k+1 (2^(k+2) - 1 parts) are done by the time AR slices 0..k (2^(k+1) - 1
+  parts, begun after the first part's GEMM) are. The only exposed GEMM is then the
+  first slice, as small as uniform slicing into 2^S - 1 slices would make it, while
+  the AR runs as S calls whose copies stay large. Where the GEMM dominates, the last
+  AR slice is exposed instead, and growing slicing makes it large: use ``uniform``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radiance_ar.envs import OVERLAP_PLANS as PLANS
+
+
+def slice_count(setting: int | str, backend: Any) -> int:
+    """The S the op runs: RADIANCE_AR_OVERLAP_SLICES as set, or for ``auto`` the
+    backend's ``preferred_slices`` (its slice count chosen by measurement)."""
+    return backend.preferred_slices if setting == "auto" else setting
+
+
+def slice_bounds(rows: int, slices: int, align: int = 1, plan: str = PLANS[0]) -> list[int]:
+    """``[b0=0, b1, ..., bS'=rows]``: slice ``s`` covers rows ``b[s]:b[s+1]``.
+
+    Interior bounds are multiples of ``align`` (a GEMM tile or a codec's row group).
+    ``uniform``: slice sizes differ by at most one ``align`` unit, and ``S' =
+    min(slices, ceil(rows / align))``. ``growing`` (module doc): slice k holds about
+    2^k / (2^S' - 1) of the units, with S' the largest count <= ``slices`` for which
+    the first slice still holds a unit. No slice is ever empty.
+    """
+    for name, value in (("rows", rows), ("slices", slices), ("align", align)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"slice_bounds: {name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"slice_bounds: {name} must be >= 1, got {value}")
+    if plan not in PLANS:
+        raise ValueError(f"slice_bounds: plan {plan!r}: expected one of {', '.join(PLANS)}")
+    units = -(-rows // align)
+    if plan == PLANS[0]:  # uniform
+        count = min(slices, units)
+        return [min((i * units // count) * align, rows) for i in range(count + 1)]
+    # 2^count - 1 <= units: consecutive bounds then differ by at least one unit
+    count = min(slices, (units + 1).bit_length() - 1)
+    parts = (1 << count) - 1
+    return [min((units * ((1 << i) - 1) // parts) * align, rows) for i in range(count + 1)]
+
+
+def op_bounds(settings: Any, backend: Any, rows: int, align: int) -> list[int]:
+    """The row bounds the op runs for ``rows`` rows: the settings' slice count (or the
+    backend's for ``auto``) and plan, at the producer's row alignment."""
+    return slice_bounds(rows, slice_count(settings.slices, backend), align, settings.plan)

@@ -1,0 +1,11 @@
+"""The copy transport: DMA copies and stream flag operations between ranks' buffers.
+
+- ``copy_engine``: copies and stream memory operations, per runtime (CUDA, HIP, CPU).
+- ``peer_memory``: peer-visible buffers (symmetric memory, pinned host memory, files).
+- ``signals`` / ``gpu_signals``: cross-rank flags and epochs (host spin / stream waits).
+- ``copy_transport``: one rank's publish / pull / fence steps over those pieces;
+  ``call_streams`` and ``publish_lane`` the streams its calls run on; ``trace`` its
+  step timeline; ``passive_peers`` the one-active-rank timing mode.
+
+The algorithms (``radiance_ar.backends``) drive it; it imports no algorithm.
+"""

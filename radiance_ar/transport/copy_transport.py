@@ -1,0 +1,378 @@
+"""The copy-engine transport: peer-visible buffers, flags, the reuse fence, publishes and pulls.
+
+One rank's half of a transport that moves bytes with DMA copies (:mod:`radiance_ar.transport.copy_engine`)
+and waits with flags (:mod:`radiance_ar.transport.signals`): no compute units while it waits. The
+backends built on it (``sdma``, ``sdma_wht6``) each hold one :class:`CopyTransport` and
+decide what is published, what is pulled and what is computed from it. In plain terms,
+rank r's ``publish`` is ``pub[r][off:off+n] = src; ready[r] = t`` and its ``pull`` of
+peer p is ``wait until ready[p] == t; dst[:] = pub[p][off:off+n]``.
+
+One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream or
+on one of two call streams entered from it (:mod:`radiance_ar.transport.call_streams`; in the emulated
+world the publishes run beside it: :mod:`radiance_ar.transport.publish_lane`)::
+
+  rank r stream : [fence] publish ready_r=t  wait ready_p>=t  pull p   done_r=t  compute
+  rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  compute
+                                    |________________________^
+
+A second round (two-shot) publishes into ``red`` and posts ``reduced``; ``done`` is
+posted after the last pull of the call, whichever buffer it read.
+
+Buffer reuse (why ``done`` exists). Rank r's NEXT write into bytes of ``pub`` that a
+peer may still be pulling (its next GEMM into the input buffer, or the next publish /
+staging copy of an overlapping byte range) must wait until that peer finished::
+
+  rank r : AR(t) ready_r=t ... done_r=t | fence: wait done_p>=t | GEMM(t+1) writes pub
+  rank p :    wait ready_r>=t  pull r(t) ---------------> done_p=t  |
+                                 ^ a GEMM(t+1) here without the wait would corrupt p's pull
+
+The fence is a stream wait-value (no host sync); each call's byte range of ``pub`` is
+kept with its epoch (:meth:`CopyTransport.finish`) and :meth:`CopyTransport.fence` waits
+for the newest overlapping one. ``red`` mirrors ``pub``'s layout (a call's shards lie
+inside its ``pub`` range) and is written after that call's fence, so the same fence
+covers it. The receive buffers are private and stream-ordered.
+
+Worlds (docs/design.md, 'Worlds'): ``cpu-shm`` (host copies and spins), ``gpu-symm``
+(buffers and flags in symmetric memory), ``gpu-emulated`` (W ranks on one GPU, buffers
+and flags in pinned host memory: a rank writes what it publishes into a private device
+``stage``, the publish is a D2H copy and pulls are H2D copies, so every cross-rank byte
+crosses the host link). Emulated ranks are driven from one host thread, so a rank's
+stream may block on a flag that a LATER host call of a peer posts, and any implicit
+device synchronization in between (a first kernel load, a cudaFree) deadlocks: a
+backend loads its kernels in ``ensure_capacity``, which runs on every rank first.
+
+Epochs are host integers passed by value into the wait/write operations, so a captured
+CUDA graph would replay stale epochs: the backends built on this are not capture-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from radiance_ar.transport import passive_peers
+from radiance_ar.transport.call_streams import CallStreams, Footprint
+from radiance_ar.transport.copy_engine import (CopyEngine, Route, copy_bytes, dedicated_stream,
+    platform)
+from radiance_ar.transport.gpu_signals import GpuSignals
+from radiance_ar.streams import current_stream_handle
+from radiance_ar.buffers import grown_size, refuse_growth_in_capture
+from radiance_ar.transport.peer_memory import PeerBuffer
+from radiance_ar.transport.publish_lane import PublishLane
+from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, Signals
+from radiance_ar.transport.trace import StepTrace, traced
+from radiance_ar.world import World
+
+MAX_PENDING = 64  # reuse-fence entries kept before the oldest is waited for
+BUFFER_ALIGN = 256  # capacity in whole units: every receive slot 16-byte aligned for vectors
+
+
+class CopyTransport:
+    """One rank's copy-engine transport (see the module doc).
+
+    ``owner`` names the backend in messages; ``reduced``: allocate the second
+    peer-visible buffer ``red`` (two-shot); ``stage_reduced``: in the emulated world also
+    give ``red`` a device stage (a backend that computes the reduced bytes into device
+    memory before publishing them; ``sdma`` publishes its reduced shard from ``out``);
+    ``call_streams``: 1 or 2 streams the calls entered through :meth:`on_call_stream` run
+    on (:mod:`radiance_ar.transport.call_streams`).
+    """
+
+    def __init__(self, world: World, owner: str, timeout_ms: float, *, reduced: bool,
+                 stage_reduced: bool = False, call_streams: int = 1):
+        self.world, self.owner = world, owner
+        size = world.size
+        self.emulated = world.kind == "gpu-emulated"
+        self.reduced, self.stage_reduced = reduced and size > 1, stage_reduced
+        self.engine = CopyEngine(world.device) if size > 1 else None
+        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D)
+        self.lane = PublishLane(world.device) if self.emulated and size > 1 else None
+        self.signals: Signals | None = None
+        if size > 1:
+            flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
+            self.signals = (CpuSignals(flags, world.rank, size, timeout_ms, owner)
+                            if platform(world.device) == "cpu" else
+                            GpuSignals(flags, world.rank, size, timeout_ms, self.engine, owner))
+        #: the peers in pull order: from the next rank on, so the W ranks do not all pull
+        #: from rank 0 first
+        self.peers = [(world.rank + k) % size for k in range(1, size)]
+        self.capacity = 0  # bytes of one buffer
+        self.pub: PeerBuffer | None = None
+        self.red: PeerBuffer | None = None
+        self._stage: dict[str, torch.Tensor] = {}  # emulated: device stages of pub / red
+        self._recv: torch.Tensor | None = None  # W-1 private receive buffers
+        #: (buffer, peer) -> (address of the peer's buffer, route of a pull from it):
+        #: a call's pulls are address arithmetic, no tensor view per step (host time)
+        self._pull_from: dict[tuple[str, int], tuple[int, Route]] = {}
+        #: buffer -> (address of my part of it, route of a publish into it)
+        self._publish_to: dict[str, tuple[int, Route]] = {}
+        self._pending: list[tuple[int, int, int]] = []  # (epoch, lo, hi) peers may still read
+        #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
+        self.pulled_bytes = 0
+        #: events around each step of a call (GPU; :meth:`start_trace`)
+        self.trace: StepTrace | None = None
+        #: where a default-stream caller's calls run (:meth:`call_stream`), made at the first
+        self._own_stream: torch.cuda.Stream | None = None
+        #: the streams calls alternate on (:meth:`on_call_stream`); one (the caller's)
+        #: off the GPU or without peers
+        gpu = size > 1 and world.device.type == "cuda"
+        self.call_streams = CallStreams(world.device, call_streams if gpu else 1,
+                                        self.engine.stream if gpu else None)
+
+    # ------------------------------------------------------------------ buffers
+
+    def ensure_capacity(self, nbytes: int) -> None:
+        """Collective. Grow every buffer to hold ``nbytes`` (grow-only, 1.5x at least);
+        a growth that fails leaves no buffers and capacity 0. Refused in graph capture."""
+        if nbytes <= self.capacity:
+            return
+        refuse_growth_in_capture(f"{self.owner} buffers ({nbytes} B per slice buffer)",
+                                 self.world.device)
+        self.quiesce()
+        self.call_streams.handles()  # before any call can park a stream (the module doc)
+        grown = grown_size(nbytes, self.capacity, BUFFER_ALIGN)
+        self.close()
+        mem, dev, size = self.world.memory, self.world.device, self.world.size
+        self.pub = mem.allocate("sdma.pub", grown)
+        if self.reduced:
+            self.red = mem.allocate("sdma.red", grown)
+        if self.emulated:
+            self._stage["pub"] = torch.empty(grown, dtype=torch.uint8, device=dev)
+            if self.red is not None and self.stage_reduced:
+                self._stage["red"] = torch.empty(grown, dtype=torch.uint8, device=dev)
+        if size > 1:
+            self._recv = torch.empty((size - 1) * grown, dtype=torch.uint8, device=dev)
+            for name, buf in (("pub", self.pub), ("red", self.red)):
+                if buf is None:
+                    continue
+                # a publish copies this rank's device memory (like the receive buffer)
+                self._publish_to[name] = (buf.local.data_ptr(),
+                                          self.engine.route(buf.local, self._recv))
+                for p in self.peers:
+                    self._pull_from[name, p] = (buf.peer(p).data_ptr(),
+                                                self.engine.route(self._recv, buf.peer(p)))
+        self.capacity = grown
+
+    def check_fits(self, nbytes: int) -> int:
+        """``nbytes``, or ``ValueError`` if a call of that many bytes exceeds the buffers."""
+        if nbytes > self.capacity:
+            raise ValueError(f"{self.owner}.all_reduce: a slice of {nbytes} B exceeds the "
+                             f"capacity of {self.capacity} B: call ensure_capacity first")
+        return nbytes
+
+    @contextlib.contextmanager
+    def call_stream(self) -> Iterator[int]:
+        """The raw handle a call's steps are enqueued on: the caller's current stream,
+        except the default stream (handle 0). A stream operation of the CUDA Python
+        bindings given handle 0 was seen NOT to wait for work on torch's default stream
+        (H200: a flag write behind a 10 ms sleep landed within 2 ms;
+        tools/results/2026-12-03-h200-pm-final/stream_check.log), so a call from the default
+        stream runs on this rank's own stream instead, made current for the kernels launched
+        inside, ordered after the caller's work so far and the caller's later work after it
+        (torch stream waits)."""
+        device = self.world.device
+        handle = current_stream_handle(device)
+        if handle != 0 or device.type != "cuda":
+            yield handle
+            return
+        if self._own_stream is None:
+            self._own_stream = dedicated_stream(device)
+        caller, own = torch.cuda.default_stream(device), self._own_stream
+        own.wait_stream(caller)
+        try:
+            with torch.cuda.stream(own):
+                yield own.cuda_stream
+        finally:
+            caller.wait_stream(own)
+
+    def on_call_stream(self, caller: int,
+                       footprint: Footprint) -> contextlib.AbstractContextManager[int]:
+        """The stream one call's steps go on, entered from the ``caller`` stream: the
+        caller's itself, or one of two call streams (:mod:`radiance_ar.transport.call_streams`), ordered
+        after the caller's work so far and, outside :meth:`overlapped`, before its later
+        work. ``footprint``: what the call touches (calls that share bytes never overlap)."""
+        return self.call_streams.call(caller, footprint)
+
+    def overlapped(self) -> contextlib.AbstractContextManager:
+        """A block whose calls may overlap each other; the caller's stream waits for all
+        of them at its end (:meth:`radiance_ar.transport.call_streams.CallStreams.overlapped`)."""
+        return self.call_streams.overlapped()
+
+    def source(self, buffer: str = "pub") -> torch.Tensor:
+        """Where this rank writes the bytes it publishes in ``buffer`` (``"pub"`` or
+        ``"red"``): its local bytes, or in the emulated world its device stage (the
+        publish then copies the stage into the buffer, D2H)."""
+        stage = self._stage.get(buffer)
+        if stage is not None:
+            return stage
+        return (self.pub if buffer == "pub" else self.red).local
+
+    def _recv_offset(self, peer: int) -> int:
+        """Where ``peer``'s private receive buffer starts in ``_recv`` (capacity bytes each)."""
+        return (peer - self.world.rank - 1) % self.world.size * self.capacity  # slot 0..W-2
+
+    def recv_slot(self, peer: int, nbytes: int, at: int = 0) -> torch.Tensor:
+        """Bytes [at, at + nbytes) of ``peer``'s private receive buffer. A call receives at
+        its own offset in ``pub`` (the buffers share one layout), so calls on disjoint
+        bytes can be in flight together (:mod:`radiance_ar.transport.call_streams`)."""
+        assert 0 <= at and at + nbytes <= self.capacity, (at, nbytes)
+        start = self._recv_offset(peer) + at
+        return self._recv[start:start + nbytes]
+
+    def recv_address(self, peer: int, at: int = 0) -> int:
+        """The address of byte ``at`` of ``peer``'s receive buffer (:meth:`recv_slot`, no view)."""
+        return self._recv.data_ptr() + self._recv_offset(peer) + at
+
+    def local_address(self, buffer: str) -> int:
+        """The address of this rank's part of ``buffer`` (``"pub"`` or ``"red"``)."""
+        return self._publish_to[buffer][0]
+
+    def close(self) -> None:
+        """Drop every buffer (capacity 0)."""
+        self.pub = self.red = self._recv = None
+        self._stage.clear()
+        self._pull_from.clear()
+        self._publish_to.clear()
+        self.capacity = 0
+
+    # ------------------------------------------------------------------ steps
+
+    def fence(self, lo: int, hi: int, stream: int) -> None:
+        """Order ``stream`` after every peer read of ``pub`` bytes [lo, hi) still in flight."""
+        if self.signals is None:
+            return
+        hits = [ep for ep, a, b in self._pending if a < hi and lo < b]
+        if len(self._pending) > MAX_PENDING:
+            hits.append(self._pending[-1][0])
+        if not hits:
+            return
+        epoch = max(hits)
+        for p in self.peers:
+            self.signals.wait(p, "done", epoch, stream, "the reuse fence (peer still reading)")
+        if not self.call_streams.is_call_stream(stream):
+            # Every later write follows this stream (the caller's or the publish lane):
+            # the entries waited for need no second wait. A call stream's wait orders only
+            # the calls after it on that stream, so there they stay.
+            self._pending = [x for x in self._pending if x[0] > epoch]
+
+    def publish(self, t: int, slot: str, dst_off: int | None, src_addr: int, nbytes: int,
+                stream: int, fence: tuple[int, int] | None = None) -> None:
+        """Copy ``nbytes`` at ``src_addr`` (this rank's device memory: a stage, ``out``)
+        into bytes [dst_off, dst_off + nbytes) of my ``slot``'s buffer (``pub`` for
+        ``ready``, ``red`` for ``reduced``; ``dst_off`` None: already there) and post
+        ``slot`` of call ``t``, after the reuse ``fence`` of those bytes: on the publish
+        lane where there is one (:mod:`radiance_ar.transport.publish_lane`), else on ``stream``."""
+        on = stream if self.lane is None else self.lane.start(
+            0 if slot == "ready" else 1, self.engine.stream(stream))
+        if fence is not None:
+            self.fence(*fence, on)
+        with traced(self.trace, on, "publish" if slot == "ready" else "publish reduced"):
+            if dst_off is not None and nbytes:
+                assert 0 <= dst_off and dst_off + nbytes <= self.capacity, (dst_off, nbytes)
+                base, how = self._publish_to["red" if slot == "reduced" else "pub"]
+                copy_bytes(base + dst_off, src_addr, nbytes, on, how)
+            self.signals.post(slot, t, on)
+
+    def pull(self, peer: int, slot: str, t: int, dst_addr: int, src_off: int, nbytes: int,
+             stream: int, what: str) -> None:
+        """Wait for ``peer``'s ``slot`` flag of call ``t``, then copy bytes [src_off,
+        src_off + nbytes) of its buffer (``pub`` for ``ready``, ``red`` for ``reduced``)
+        to ``dst_addr`` (this rank's memory: a receive slot, ``out``, a stage): one step
+        of every pull phase. ``what`` names the call in errors."""
+        assert 0 <= src_off and src_off + nbytes <= self.capacity, (src_off, nbytes)
+        base, how = self._pull_from["red" if slot == "reduced" else "pub", peer]
+        with traced(self.trace, stream, "wait", slot, peer):
+            self.signals.wait(peer, slot, t, stream, what)
+        with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
+            if nbytes:
+                copy_bytes(dst_addr, base + src_off, nbytes, stream, how)
+        self.pulled_bytes += nbytes
+
+    def pull_all(self, t: int, off: int, nbytes: int, stream: int,
+                 what: str) -> dict[int, torch.Tensor]:
+        """Pull bytes [off, off + nbytes) of every peer's ``pub`` into the same bytes of its
+        receive slot (after its ``ready`` of call ``t``), then post ``done``; returns
+        peer -> those received bytes."""
+        got = {}
+        for p in self.peers:
+            got[p] = self.recv_slot(p, nbytes, off)
+            self.pull(p, "ready", t, got[p].data_ptr(), off, nbytes, stream, what)
+        self.post_done(t, stream)
+        return got
+
+    def post_done(self, t: int, stream: int) -> None:
+        """Post ``done`` of call ``t`` (every pull of it enqueued before), in call order."""
+        self.call_streams.before_done(stream)
+        self.signals.post("done", t, stream)
+
+    def finish(self, t: int, off: int, nbytes: int, stream: int) -> None:
+        """End call ``t``, whose ``pub`` bytes [off, off + nbytes) peers may still read:
+        keep them for the fence, join the publish lane, mark the call's end."""
+        self._pending.append((t, off, off + nbytes))
+        if self.lane is not None:
+            self.lane.join(self.engine.stream(stream))
+        self.signals.end_call(stream)
+
+    def quiesce(self) -> None:
+        """Before buffers are replaced: every peer read done, every enqueued call finished
+        (also the calls of an overlapped block not yet joined: a host wait for the last)."""
+        if self.signals is None:
+            return
+        if self._pending:
+            with self.call_stream() as stream:
+                self.fence(0, self.capacity, stream)
+        self.check()
+
+    # ------------------------------------------------------------------ faults, timing
+
+    def check(self, timeout_ms: float | None = None) -> None:
+        """Host-side bounded wait for every call enqueued so far (GPU); raises naming a
+        missing peer (:meth:`radiance_ar.transport.gpu_signals.GpuSignals.check`). CPU: waits are inline."""
+        if self.signals is not None:
+            self.signals.check(timeout_ms)
+
+    def resync(self) -> None:
+        """Collective (:meth:`radiance_ar.backends.interface.Backend.resync`). Emulated world: call
+        :meth:`check` on EVERY rank first (it releases a stream blocked on a missing peer;
+        the device sync here waits for every rank's streams). Refused in gpu-symm, on
+        every rank: device-memory flags cannot be released, and the sync would wait
+        forever for a missing peer."""
+        if self.signals is None:
+            return
+        if self.world.kind == "gpu-symm":
+            raise RuntimeError(
+                f"{self.owner}.resync: not possible in a gpu-symm world: a stream waiting on a "
+                "peer's device-memory flag cannot be released; if the peer never comes, "
+                "restart the job (a late peer completes the call, leaving the ranks in step)")
+        if self.world.device.type == "cuda":
+            torch.cuda.synchronize(self.world.device)
+        self.signals.resync(self.world.memory.barrier)
+        self._pending.clear()  # every peer read before the jump is over (no call in flight)
+
+    def start_trace(self) -> StepTrace | None:
+        """GPU: trace the steps of the calls that follow (None elsewhere)."""
+        if self.world.device.type != "cuda" or self.world.size == 1:
+            return None
+        lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
+        if self._own_stream is not None:
+            lanes[self._own_stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
+        for k, handle in enumerate(self.call_streams.handles()):
+            lanes[handle] = f"AR steps (call stream {k})"
+        if self.lane is not None:
+            lanes[self.lane.handle] = "publish lane"
+        self.trace = StepTrace(self.world.device, lanes)
+        return self.trace
+
+    def fill_passive_peers(self, payload: torch.Tensor) -> None:
+        """Timing mode: every OTHER rank becomes a passive peer that never calls. Its
+        ``pub`` (and ``red``) hold ``payload``'s bytes repeated from offset 0, and its
+        flags pass every wait (:meth:`radiance_ar.transport.signals.Signals.set_passive`). Host
+        writes: after :meth:`ensure_capacity`, with no call in flight."""
+        fill = passive_peers.repeated_bytes(payload, self.capacity)
+        for buf in (self.pub, self.red):
+            if buf is not None:
+                passive_peers.fill_other_ranks(buf, self.world.rank, fill)
+        for p in self.peers:
+            self.signals.set_passive(p)
