@@ -1,17 +1,19 @@
 """Every environment knob of radiance-ar, declared once, and the backends' settings.
 
-Both packages read settings through this module (``overlap`` included), so a knob has
-exactly one name, one default, one parser and one help text. No other module reads
-``os.environ``. A bad value raises ``ValueError`` naming the variable, the value and
-what was expected; nothing falls back silently to a default. The backend knobs reach
-the backends as one frozen :class:`BackendSettings` (``cls(world, settings)``),
-validated in its constructor with the bounds of the knobs, so a backend reads no
-environment and a test builds one without touching it. The launcher's and Triton's
-own variables this project reacts to (``LOCAL_RANK``, ``TRITON_INTERPRET``) are read here
-too, by :func:`torchrun_local_rank` and :func:`triton_interpreter`, and the CUDA driver
-settings that emulated ranks need are set here, by :func:`prepare_cuda_for_emulated_ranks`.
+Each knob is one :class:`Knob` in :data:`KNOBS`: its name, type, bounds, default and
+meaning. Everything else is derived from that declaration: the parser of its text, the
+field of :class:`BackendSettings` (a backend knob), that field's check, and the settings
+table of the docs (:func:`settings_table`). No other module reads ``os.environ``. A bad
+value raises ``ValueError`` naming the variable, the value and what was expected; nothing
+falls back silently to a default. The backend knobs reach the backends as one frozen
+:class:`BackendSettings` (``cls(world, settings)``), checked in its constructor with the
+bounds of the knobs, so a backend reads no environment and a test builds one without
+touching it. The launcher's and Triton's own variables this project reacts to
+(``LOCAL_RANK``, ``TRITON_INTERPRET``) are read here too, by :func:`torchrun_local_rank`
+and :func:`triton_interpreter`, and the CUDA driver settings that emulated ranks need are
+set here, by :func:`prepare_cuda_for_emulated_ranks`.
 
-    >>> from backends import envs
+    >>> from radiance_ar import envs
     >>> envs.get("RADIANCE_AR_OVERLAP_SLICES", {})
     'auto'
     >>> envs.get("RADIANCE_AR_OVERLAP_SLICES", {"RADIANCE_AR_OVERLAP_SLICES": " 8"})
@@ -22,95 +24,109 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, ClassVar, Mapping
+from dataclasses import dataclass, fields, make_dataclass, replace
+from typing import Any, ClassVar, Mapping
+
+#: how the boolean knobs may be spelled; an empty (or blank) value is off: ``VAR=`` in a
+#: launcher script means "not set"
+_BOOL_WORDS = {"1": True, "true": True, "True": True, "0": False, "false": False, "False": False,
+               "": False}
 
 
 @dataclass(frozen=True)
 class Knob:
+    """One setting: what it is called, its type, what it accepts, its default and what it
+    means (markdown, for :func:`settings_table`)."""
+
     name: str
-    default: str  # as it would be written in the environment
-    parse: Callable[[str, str], Any]  # (variable name, raw text) -> value
-    help: str
+    type: type  # bool, int, float or str
+    default: Any  # the parsed value
+    doc: str
+    #: int and float: the accepted range (``hi`` None: no upper bound)
+    lo: float | None = None
+    hi: float | None = None
+    #: str: the accepted words (none: any non-empty name, checked elsewhere); int: words
+    #: taken besides the integers, each parsing to itself
+    words: tuple[str, ...] = ()
+    #: a backend knob: the :class:`BackendSettings` field it fills
+    field: str | None = None
 
+    def __post_init__(self) -> None:
+        # A declaration whose default it refuses would fail only when the knob is unset.
+        if not self.accepts(self.default):
+            raise ValueError(f"knob {self.name}: default {self.default!r}: expected "
+                             f"{self.expected}")
 
-def parse_bool(name: str, raw: str) -> bool:
-    text = raw.strip()
-    if text in ("1", "true", "True"):
-        return True
-    # An empty (or blank) value is off: ``VAR=`` in a launcher script means "not set".
-    if text in ("0", "false", "False", ""):
-        return False
-    raise ValueError(f"{name}={raw!r}: expected 0 or 1")
+    @property
+    def expected(self) -> str:
+        """What a value must be, in words (for error messages and the docs)."""
+        if self.type is bool:
+            return "0 or 1"
+        if self.type is str:
+            return f"one of {', '.join(self.words)}" if self.words else "a registered name"
+        bounds = f">= {self.lo:g}" if self.hi is None else f"in [{self.lo:g}, {self.hi:g}]"
+        if self.type is float:
+            return f"a finite number {bounds}"
+        return "".join(f"{w} or " for w in self.words) + f"an integer {bounds}"
 
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` (already of Python's types, not text) is in bounds."""
+        if isinstance(value, str) and value in self.words:
+            return True
+        if self.type is str:
+            return isinstance(value, str) and not self.words and bool(value)
+        if self.type is bool:
+            return isinstance(value, bool)
+        numbers = int if self.type is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, numbers):
+            return False
+        return math.isfinite(value) and self.lo <= value and (self.hi is None
+                                                             or value <= self.hi)
 
-def _range_text(lo: float, hi: float | None) -> str:
-    return f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
-
-
-def _int_in(lo: int, hi: int | None = None, *,
-            auto: bool = False) -> Callable[[str, str], int | str]:
-    """Parser of an integer knob in ``[lo, hi]`` (``hi`` None: no upper bound); with
-    ``auto`` the word ``auto`` is taken too and parses to itself."""
-    expected = (f"expected {'auto or ' if auto else ''}an integer {_range_text(lo, hi)}, "
-                "in ASCII digits")
-
-    def parse(name: str, raw: str) -> int | str:
+    def parse(self, raw: str) -> Any:
+        """The value of the text ``raw``; ``ValueError`` names the knob, the text and what
+        was expected."""
         text = raw.strip()
-        if auto and text == "auto":
-            return text
-        # Only 0-9: int() alone would also take "1_0", "+3" and non-ASCII digits ("١٠"),
-        # which no one means to write into a launcher script.
-        if not (text.isascii() and text.isdigit()):
-            raise ValueError(f"{name}={raw!r}: {expected}")
-        try:
-            value = int(text)
-        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
-            raise ValueError(f"{name}={raw!r}: {expected}") from None
-        if value < lo or (hi is not None and value > hi):
-            raise ValueError(f"{name}={raw!r}: {expected}")
+        if self.type is bool:
+            value = _BOOL_WORDS.get(text)
+        elif self.type is int:
+            value = text if text in self.words else _ascii_int(text)
+        elif self.type is float:
+            value = _plain_float(text)
+        else:
+            value = text
+        if value is None or not self.accepts(value):
+            raise ValueError(f"{self.name}={raw!r}: expected {self.expected}"
+                             + (", in ASCII digits" if self.type is int else ""))
         return value
 
-    return parse
+    @property
+    def default_text(self) -> str:
+        """The default as it would be written in the environment."""
+        if self.type is bool:
+            return "1" if self.default else "0"
+        return f"{self.default:g}" if self.type is float else str(self.default)
 
 
-def _float_in(lo: float, hi: float) -> Callable[[str, str], float]:
-    """Parser of a finite number knob in ``[lo, hi]``."""
-    expected = f"expected a finite number {_range_text(lo, hi)}"
-
-    def parse(name: str, raw: str) -> float:
-        text = raw.strip()
-        # Same spelling rule as the integers: float() also takes "1_0" and non-ASCII digits.
-        if not text.isascii() or "_" in text:
-            raise ValueError(f"{name}={raw!r}: {expected}")
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"{name}={raw!r}: {expected}") from None
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise ValueError(f"{name}={raw!r}: {expected}")
-        return value
-
-    return parse
+def _ascii_int(text: str) -> int | None:
+    # Only 0-9: int() alone would also take "1_0", "+3" and non-ASCII digits ("١٠"),
+    # which no one means to write into a launcher script.
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        return None
 
 
-def _choice(*choices: str) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        text = raw.strip()
-        if text not in choices:
-            raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
-        return text
-
-    return parse
-
-
-def _name(name: str, raw: str) -> str:
-    # The registry checks the name against what is registered (radiance_ar.backends.registry.from_env);
-    # here only the shape of the text is checked.
-    value = raw.strip()
-    if not value:
-        raise ValueError(f"{name}={raw!r}: expected a backend name")
-    return value
+def _plain_float(text: str) -> float | None:
+    # The integers' spelling rule: float() also takes "1_0" and non-ASCII digits.
+    if not text.isascii() or "_" in text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 #: Bounds of RADIANCE_AR_SPIN_TIMEOUT_MS. Below 1 ms calls fail before a healthy peer can
@@ -136,35 +152,50 @@ OVERLAP_PLANS = ("uniform", "growing")
 SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
 
 
+#: Every knob. The op's first, then the backend knobs in the order of BackendSettings'
+#: fields (its positional arguments).
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob("RADIANCE_AR_OVERLAP", "0", parse_bool,
-             "1 routes eligible RowParallel linears through radiance::linear_ar"),
-        Knob("RADIANCE_AR_BACKEND", "stock", _name,
-             "all-reduce strategy, a registry name (see backends.names())"),
-        Knob("RADIANCE_AR_OVERLAP_MIN_M", "2048", _int_in(1),
-             "rows at/above which the sliced pipeline runs; below it the stock path (>= 1)"),
-        Knob("RADIANCE_AR_OVERLAP_SLICES", "auto", _int_in(1, MAX_OVERLAP_SLICES, auto=True),
-             "number of row slices of the sliced pipeline (1 to 64), or auto: the "
-             "backend's measured best (Backend.preferred_slices)"),
-        Knob("RADIANCE_AR_OVERLAP_PLAN", OVERLAP_PLANS[0], _choice(*OVERLAP_PLANS),
-             "how the rows are cut: uniform (equal slices) or growing (each slice twice the "
-             "one before; for an AR that takes at least twice the GEMM's time)"),
-        Knob("RADIANCE_AR_ONESHOT_CTAS", "32", _int_in(1, MAX_ONESHOT_CTAS),
-             "CTAs (workgroups) the oneshot_wht6 kernel holds (1 to 1024); vLLM's custom AR "
-             "uses 36"),
-        Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", "1000", _float_in(*SPIN_TIMEOUT_MS_RANGE),
-             "longest wait, in ms (1 to 600000), for a peer's flag before a backend reports "
-             "the peer missing; an unbounded spin can wedge an RDNA compute queue"),
-        Knob("RADIANCE_AR_SDMA_REDUCE_CTAS", "0", _int_in(0, MAX_REDUCE_CTAS),
-             "CTAs of the sdma reduce kernel (0 to 1024); 0 = two per SM, the default"),
-        Knob("RADIANCE_AR_SDMA_CALL_STREAMS", "2", _int_in(1, MAX_CALL_STREAMS),
-             "streams sdma's calls run on (1 or 2); 2: consecutive calls alternate, so one "
-             "call's pulls overlap the previous call's reduce and waits, the default"),
-        Knob("RADIANCE_AR_SDMA_SCHEDULE", "auto", _choice(*SDMA_SCHEDULES),
-             "transfer schedule of sdma and sdma_wht6; auto picks by message size and world "
-             "size"),
+        Knob("RADIANCE_AR_OVERLAP", bool, False,
+             "`1` routes eligible RowParallel linears through the op (`radiance::linear_ar`)"),
+        Knob("RADIANCE_AR_BACKEND", str, "stock",
+             "AR strategy: a registry name or alias (`python -c \"from radiance_ar import "
+             "backends; print(backends.names())\"`)"),
+        Knob("RADIANCE_AR_OVERLAP_MIN_M", int, 2048,
+             "rows at/above which the sliced pipeline runs; below, GEMM then the vendor AR",
+             lo=1),
+        Knob("RADIANCE_AR_OVERLAP_SLICES", int, "auto",
+             "row slices of the pipeline, or `auto`: the backend's measured choice "
+             "(`Backend.preferred_slices`, each citing its run; "
+             "`radiance_ar.overlap.slicing.slice_count`)",
+             lo=1, hi=MAX_OVERLAP_SLICES, words=("auto",)),
+        Knob("RADIANCE_AR_OVERLAP_PLAN", str, OVERLAP_PLANS[0],
+             "how the rows are cut (`radiance_ar/overlap/slicing.py`): `uniform` (equal "
+             "slices) or `growing` (slice k is 2^k parts of 2^S - 1: where the AR takes at "
+             "least twice the GEMM's time only the first, small GEMM slice is exposed, while "
+             "the AR stays S large calls)",
+             words=OVERLAP_PLANS),
+        Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", float, 1000.0,
+             "longest wait, in ms, for a peer's flag before a call reports the peer missing "
+             "(no hung GPU: an unbounded spin can wedge an RDNA compute queue)",
+             lo=SPIN_TIMEOUT_MS_RANGE[0], hi=SPIN_TIMEOUT_MS_RANGE[1], field="spin_timeout_ms"),
+        Knob("RADIANCE_AR_SDMA_SCHEDULE", str, "auto",
+             "transfer schedule of `sdma` and `sdma_wht6`; `auto` picks by message size and "
+             "world size",
+             words=SDMA_SCHEDULES, field="sdma_schedule"),
+        Knob("RADIANCE_AR_ONESHOT_CTAS", int, 32,
+             "CTAs (workgroups) the spin-wait `oneshot_wht6` kernel holds; vLLM's custom AR "
+             "uses 36",
+             lo=1, hi=MAX_ONESHOT_CTAS, field="oneshot_ctas"),
+        Knob("RADIANCE_AR_SDMA_REDUCE_CTAS", int, 0,
+             "CTAs of the `sdma` reduce kernel; `0` = two per SM",
+             lo=0, hi=MAX_REDUCE_CTAS, field="sdma_reduce_ctas"),
+        Knob("RADIANCE_AR_SDMA_CALL_STREAMS", int, 2,
+             "streams `sdma`'s calls run on; `2`: consecutive calls alternate, so one call's "
+             "pulls overlap the previous call's reduce and waits "
+             "(`radiance_ar/transport/call_streams.py`)",
+             lo=1, hi=MAX_CALL_STREAMS, field="sdma_call_streams"),
     )
 }
 
@@ -176,71 +207,47 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
     except KeyError:
         raise KeyError(f"{name} is not a radiance-ar setting; known: {', '.join(KNOBS)}") from None
     env = os.environ if environ is None else environ
-    return knob.parse(name, env.get(name, knob.default))
+    raw = env.get(name)
+    return knob.default if raw is None else knob.parse(raw)
 
 
-def _default(name: str) -> Any:
-    return KNOBS[name].parse(name, KNOBS[name].default)
+def settings_table() -> str:
+    """The markdown table of every knob (variable, default, meaning), as README.md and
+    docs/design.md hold it between ``<!-- settings-table -->`` and
+    ``<!-- /settings-table -->``."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k.name}` | `{k.default_text}` | {k.doc}. Accepted: {k.expected} |"
+             for k in KNOBS.values()]
+    return "\n".join(rows) + "\n"
 
 
-@dataclass(frozen=True)
-class BackendSettings:
-    """The backend knobs, parsed and validated once; every backend is built as
+class _BackendSettingsBody:
+    """The backend knobs, parsed and checked once; every backend is built as
     ``cls(world, settings)`` and reads its knobs from here, never from the environment.
 
-    ``BackendSettings()`` holds the knobs' defaults and reads no environment;
-    :meth:`from_env` reads them from it. Every value is checked here, whoever builds the
-    object (``from_env``, a test, a tool), with the bounds of its knob::
+    One field per knob of :data:`KNOBS` that names one (``Knob.field``), in their order,
+    its default the knob's. ``BackendSettings()`` holds the defaults and reads no
+    environment; :meth:`from_env` reads them from it. Every value is checked here, whoever
+    builds the object (``from_env``, a test, a tool), with the bounds of its knob::
 
         >>> s = BackendSettings(spin_timeout_ms=300)
         >>> s.replace(sdma_schedule="twoshot").sdma_schedule
         'twoshot'
 
-    A backend with a knob of its own adds a field here, its knob to :data:`KNOBS` and
-    the pair to ``KNOB_OF``.
+    A backend with a knob of its own declares it in :data:`KNOBS` with ``field=``.
     """
 
-    #: RADIANCE_AR_SPIN_TIMEOUT_MS: longest wait for a peer before a call fails (ms)
-    spin_timeout_ms: float = _default("RADIANCE_AR_SPIN_TIMEOUT_MS")
-    #: RADIANCE_AR_SDMA_SCHEDULE: the sdma / sdma_wht6 transfer schedule (``SDMA_SCHEDULES``)
-    sdma_schedule: str = _default("RADIANCE_AR_SDMA_SCHEDULE")
-    #: RADIANCE_AR_ONESHOT_CTAS: CTAs the oneshot_wht6 kernel holds
-    oneshot_ctas: int = _default("RADIANCE_AR_ONESHOT_CTAS")
-    #: RADIANCE_AR_SDMA_REDUCE_CTAS: CTAs of the sdma reduce kernel, 0 = two per SM
-    sdma_reduce_ctas: int = _default("RADIANCE_AR_SDMA_REDUCE_CTAS")
-    #: RADIANCE_AR_SDMA_CALL_STREAMS: streams sdma's calls alternate on (1 or 2)
-    sdma_call_streams: int = _default("RADIANCE_AR_SDMA_CALL_STREAMS")
-
     #: field -> the knob it comes from
-    KNOB_OF: ClassVar[dict[str, str]] = {
-        "spin_timeout_ms": "RADIANCE_AR_SPIN_TIMEOUT_MS",
-        "sdma_schedule": "RADIANCE_AR_SDMA_SCHEDULE",
-        "oneshot_ctas": "RADIANCE_AR_ONESHOT_CTAS",
-        "sdma_reduce_ctas": "RADIANCE_AR_SDMA_REDUCE_CTAS",
-        "sdma_call_streams": "RADIANCE_AR_SDMA_CALL_STREAMS",
-    }
+    KNOB_OF: ClassVar[dict[str, str]] = {k.field: k.name for k in KNOBS.values() if k.field}
 
     def __post_init__(self) -> None:
-        lo, hi = SPIN_TIMEOUT_MS_RANGE
-        t = self.spin_timeout_ms
-        if not (_is_number(t) and lo <= t <= hi and math.isfinite(t)):
-            self._refuse("spin_timeout_ms", f"a finite number {_range_text(lo, hi)}")
-        object.__setattr__(self, "spin_timeout_ms", float(t))
-        if self.sdma_schedule not in SDMA_SCHEDULES:
-            self._refuse("sdma_schedule", f"one of {', '.join(SDMA_SCHEDULES)}")
-        c = self.oneshot_ctas
-        if not (isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_ONESHOT_CTAS):
-            self._refuse("oneshot_ctas", f"an integer {_range_text(1, MAX_ONESHOT_CTAS)}")
-        r = self.sdma_reduce_ctas
-        if not (isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_REDUCE_CTAS):
-            self._refuse("sdma_reduce_ctas", f"an integer {_range_text(0, MAX_REDUCE_CTAS)}")
-        c = self.sdma_call_streams
-        if not (isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_CALL_STREAMS):
-            self._refuse("sdma_call_streams", f"an integer {_range_text(1, MAX_CALL_STREAMS)}")
-
-    def _refuse(self, field: str, expected: str) -> None:
-        raise ValueError(f"BackendSettings: {field}={getattr(self, field)!r} "
-                         f"({self.KNOB_OF[field]}): expected {expected}")
+        for name, knob_name in self.KNOB_OF.items():
+            knob, value = KNOBS[knob_name], getattr(self, name)
+            if not knob.accepts(value):
+                raise ValueError(f"BackendSettings: {name}={value!r} ({knob_name}): expected "
+                                 f"{knob.expected}")
+            if knob.type is float:  # an int given in code is the same setting, as a float
+                object.__setattr__(self, name, float(value))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "BackendSettings":
@@ -248,12 +255,18 @@ class BackendSettings:
         return cls(**{f.name: get(cls.KNOB_OF[f.name], environ) for f in fields(cls)})
 
     def replace(self, **changes: Any) -> "BackendSettings":
-        """A copy with ``changes`` (validated alike): ``dataclasses.replace``."""
+        """A copy with ``changes`` (checked alike): ``dataclasses.replace``."""
         return replace(self, **changes)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+BackendSettings = make_dataclass(
+    "BackendSettings",
+    [(k.field, k.type, k.default) for k in KNOBS.values() if k.field],
+    bases=(_BackendSettingsBody,), frozen=True,
+    # make_dataclass would name the module it runs in (``types``), and pickling (the CPU
+    # worlds' spawned processes get their settings so) finds classes by module.
+    namespace={"__module__": __name__, "__qualname__": "BackendSettings",
+               "__doc__": _BackendSettingsBody.__doc__})
 
 
 def triton_interpreter(environ: Mapping[str, str] | None = None) -> bool:

@@ -1,5 +1,6 @@
 """Every knob: defaults parse, every bad value raises naming the variable and the value."""
 
+import os
 import sys
 
 import pytest
@@ -60,7 +61,12 @@ BAD_SETTINGS = {
     "sdma_schedule": ["ring", "", " oneshot", None],
     "oneshot_ctas": [0, 1025, -1, 2.0, True, "32", None],
     "sdma_reduce_ctas": [-1, 1025, 2.0, True, "0", None],
+    "sdma_call_streams": [0, 3, 1.0, False, "2", None],
 }
+
+
+def test_every_backend_settings_field_has_bad_values_listed_here():
+    assert set(BAD_SETTINGS) == set(envs.BackendSettings.KNOB_OF)
 
 
 @pytest.mark.parametrize("field,value", [(f, v) for f, vs in BAD_SETTINGS.items() for v in vs])
@@ -231,3 +237,48 @@ def test_the_runtime_hands_its_backend_settings_to_the_backends():
     assert rt.stock.settings is knobs
     sdma = overlap.build(single_world(), OverlapSettings(True, "sdma_wht6", 1, 2, knobs)).backend
     assert sdma.schedule == knobs.sdma_schedule and sdma.settings.spin_timeout_ms == 300.0
+
+
+# ---------------------------------------------------------------- one declaration per knob
+
+def test_backend_settings_are_made_from_the_knobs_that_name_a_field():
+    declared = [(k.field, k.name, k.default) for k in envs.KNOBS.values() if k.field]
+    assert [(f, envs.BackendSettings.KNOB_OF[f], getattr(envs.BackendSettings(), f))
+            for f in envs.BackendSettings.KNOB_OF] == declared
+    assert envs.BackendSettings.from_env({}) == envs.BackendSettings()
+    assert envs.BackendSettings.__module__ == "radiance_ar.envs"  # pickled into CPU-world jobs
+
+
+@pytest.mark.parametrize("name", list(envs.KNOBS))
+def test_a_knobs_default_written_out_parses_to_its_default(name):
+    knob = envs.KNOBS[name]
+    assert knob.parse(knob.default_text) == knob.default
+
+
+def test_a_declaration_must_accept_its_own_default():
+    with pytest.raises(ValueError, match="knob RADIANCE_AR_X: default 0: expected an integer >= 1"):
+        envs.Knob("RADIANCE_AR_X", int, 0, "doc", lo=1)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE_START, TABLE_END = "<!-- settings-table -->", "<!-- /settings-table -->"
+
+
+def test_settings_table_has_one_row_per_knob_with_its_default_and_bounds():
+    rows = envs.settings_table().splitlines()
+    assert rows[:2] == ["| variable | default | meaning |", "|---|---|---|"]
+    assert [r.split(" | ")[0] for r in rows[2:]] == [f"| `{n}`" for n in envs.KNOBS]
+    assert "| `RADIANCE_AR_SPIN_TIMEOUT_MS` | `1000` |" in envs.settings_table()
+    assert "an integer in [1, 64]" in rows[2 + list(envs.KNOBS).index("RADIANCE_AR_OVERLAP_SLICES")]
+    assert all(r.count("|") == 4 for r in rows)  # no doc text breaks a table cell
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/design.md"])
+def test_the_docs_hold_the_generated_settings_table(doc):
+    with open(os.path.join(ROOT, doc)) as f:
+        lines = f.read().splitlines()
+    assert lines.count(TABLE_START) == 1 and lines.count(TABLE_END) == 1, doc
+    held = "\n".join(lines[lines.index(TABLE_START) + 1:lines.index(TABLE_END)]).strip("\n")
+    assert held + "\n" == envs.settings_table(), (
+        f"{doc}: the table between {TABLE_START} and {TABLE_END} is not envs.settings_table(); "
+        "paste its output there")
