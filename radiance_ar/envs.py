@@ -211,6 +211,13 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
     return knob.default if raw is None else knob.parse(raw)
 
 
+def given(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The knobs that are set in the environment, parsed (``ValueError`` on a bad one);
+    unset knobs are left out, not filled with their defaults."""
+    env = os.environ if environ is None else environ
+    return {name: get(name, env) for name in KNOBS if name in env}
+
+
 def settings_table() -> str:
     """The markdown table of every knob (variable, default, meaning), as README.md and
     docs/design.md hold it between ``<!-- settings-table -->`` and

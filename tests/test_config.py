@@ -1,5 +1,6 @@
 """Every knob: defaults parse, every bad value raises naming the variable and the value."""
 
+import logging
 import os
 import sys
 
@@ -7,7 +8,7 @@ import pytest
 
 from radiance_ar import backends
 from radiance_ar import envs
-from radiance_ar.overlap.config import OverlapSettings, from_env
+from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
 
 BAD_VALUES = {
     "RADIANCE_AR_OVERLAP": ["2", "yes", "on", " 1x"],
@@ -282,3 +283,58 @@ def test_the_docs_hold_the_generated_settings_table(doc):
     assert held + "\n" == envs.settings_table(), (
         f"{doc}: the table between {TABLE_START} and {TABLE_END} is not envs.settings_table(); "
         "paste its output there")
+
+
+# ---------------------------------------------------------------- code vs environment
+
+@pytest.fixture
+def warnings_of_reconcile(caplog, monkeypatch):
+    """The warnings reconcile logs, with its memory of what it reported emptied."""
+    from radiance_ar.overlap import config
+    monkeypatch.setattr(config, "_reported", set())
+    with caplog.at_level(logging.WARNING, logger="radiance_ar"):
+        yield lambda: [r.getMessage() for r in caplog.records if r.name == "radiance_ar"]
+
+
+CODE = OverlapSettings(True, "stock", 16, 4, envs.BackendSettings(spin_timeout_ms=300))
+
+
+def test_settings_given_in_code_win_over_the_environment(warnings_of_reconcile):
+    env = {"RADIANCE_AR_BACKEND": "sdma", "RADIANCE_AR_SPIN_TIMEOUT_MS": "300",
+           "RADIANCE_AR_OVERLAP_SLICES": "auto"}
+    assert reconcile(CODE, env) is CODE
+    assert warnings_of_reconcile() == [
+        "RADIANCE_AR_BACKEND='sdma' in the environment differs from the settings given in "
+        "code (backend='stock'); the code's value is used",
+        "RADIANCE_AR_OVERLAP_SLICES='auto' in the environment differs from the settings given "
+        "in code (slices=4); the code's value is used",
+    ]  # the spin timeout is the code's value: nothing to say
+
+
+def test_a_difference_is_reported_once(warnings_of_reconcile):
+    env = {"RADIANCE_AR_SDMA_SCHEDULE": "twoshot"}
+    for _ in range(3):
+        reconcile(CODE, env)
+    assert warnings_of_reconcile() == [
+        "RADIANCE_AR_SDMA_SCHEDULE='twoshot' in the environment differs from the settings "
+        "given in code (backend_settings.sdma_schedule='auto'); the code's value is used"]
+
+
+def test_an_unset_or_equal_environment_says_nothing(warnings_of_reconcile):
+    assert reconcile(CODE, {}) is CODE
+    reconcile(OverlapSettings(True, "r4d", 16, 4), {"RADIANCE_AR_BACKEND": " oneshot_wht6",
+                                                    "RADIANCE_AR_OVERLAP": "true",
+                                                    "RADIANCE_AR_OVERLAP_MIN_M": "16"})
+    assert warnings_of_reconcile() == []
+
+
+@pytest.mark.parametrize("name,raw", [(n, v) for n, vs in BAD_VALUES.items() for v in vs])
+def test_a_bad_environment_value_stops_code_settings_too(name, raw):
+    with pytest.raises(ValueError) as e:
+        reconcile(CODE, {name: raw})
+    assert name in str(e.value) and repr(raw) in str(e.value)
+
+
+def test_reconcile_takes_overlap_settings():
+    with pytest.raises(TypeError, match="settings must be an OverlapSettings, got BackendSettings"):
+        reconcile(envs.BackendSettings(), {})

@@ -5,16 +5,25 @@ packages); this module turns them into :class:`OverlapSettings`: the op's own kn
 the backend name checked against the registry (a typo stops start-up with the valid
 choices listed), and the backend knobs as one :class:`radiance_ar.envs.BackendSettings`,
 which the runtime hands to the backend it builds.
+
+Settings come from the environment (:func:`from_env`) or from code
+(``OverlapSettings(...)``). Given in code they win, but the environment is still checked
+against them (:func:`reconcile`): a bad value stops start-up either way, and a knob set
+to something other than the code's value is reported, so that a launcher's variable
+that has no effect does not go unnoticed.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from radiance_ar import backends
 from radiance_ar import envs
 from radiance_ar.envs import BackendSettings
+
+logger = logging.getLogger("radiance_ar")
 
 
 @dataclass(frozen=True)
@@ -43,14 +52,57 @@ class OverlapSettings:
                              "or 'auto'")
 
 
+#: OverlapSettings field -> the knob it comes from (the backend knobs:
+#: ``BackendSettings.KNOB_OF``)
+KNOB_OF = {
+    "enabled": "RADIANCE_AR_OVERLAP",
+    "backend": "RADIANCE_AR_BACKEND",
+    "min_m": "RADIANCE_AR_OVERLAP_MIN_M",
+    "slices": "RADIANCE_AR_OVERLAP_SLICES",
+    "plan": "RADIANCE_AR_OVERLAP_PLAN",
+}
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
     """Every knob validated (all of them, not only the op's); ``ValueError`` on a bad one."""
     values = envs.snapshot(environ)
-    return OverlapSettings(
-        enabled=values["RADIANCE_AR_OVERLAP"],
-        backend=backends.from_env(environ).name,
-        min_m=values["RADIANCE_AR_OVERLAP_MIN_M"],
-        slices=values["RADIANCE_AR_OVERLAP_SLICES"],
-        backend_settings=BackendSettings.from_env(environ),
-        plan=values["RADIANCE_AR_OVERLAP_PLAN"],
-    )
+    # the registry's check of the name, and an alias's canonical name
+    values["RADIANCE_AR_BACKEND"] = backends.from_env(environ).name
+    return OverlapSettings(**{name: values[knob] for name, knob in KNOB_OF.items()},
+                           backend_settings=BackendSettings.from_env(environ))
+
+
+#: (variable, its value, the code's value) already reported by :func:`reconcile`: a
+#: runtime is built once per configure, and a process may configure many times
+_reported: set[tuple[str, str, str]] = set()
+
+
+def reconcile(settings: OverlapSettings,
+              environ: Mapping[str, str] | None = None) -> OverlapSettings:
+    """``settings`` given in code, checked against the environment; returns them unchanged.
+
+    The code's values win. Every knob set in the environment is still parsed, so a bad
+    value raises ``ValueError`` naming it, as it does when the settings come from the
+    environment; one whose value differs from the code's is reported once, as a warning
+    on the ``radiance_ar`` logger naming the variable, its value and the code's value.
+    """
+    if not isinstance(settings, OverlapSettings):
+        raise TypeError(f"reconcile: settings must be an OverlapSettings, got "
+                        f"{type(settings).__name__}")
+    code = {knob: (name, getattr(settings, name)) for name, knob in KNOB_OF.items()}
+    code.update({knob: (f"backend_settings.{name}", getattr(settings.backend_settings, name))
+                 for name, knob in BackendSettings.KNOB_OF.items()})
+    given = envs.given(environ)
+    if "RADIANCE_AR_BACKEND" in given:
+        # the registry's check of the name; an alias names the same backend as its
+        # canonical name, in the environment and in code alike
+        given["RADIANCE_AR_BACKEND"] = backends.from_env(environ).name
+        code["RADIANCE_AR_BACKEND"] = ("backend", backends.get(settings.backend).name)
+    for name, value in given.items():
+        where, code_value = code[name]
+        key = (name, repr(value), repr(code_value))
+        if value != code_value and key not in _reported:
+            _reported.add(key)
+            logger.warning("%s=%r in the environment differs from the settings given in code "
+                           "(%s=%r); the code's value is used", name, value, where, code_value)
+    return settings
