@@ -38,8 +38,9 @@ def test_labels_and_timeline_names_tell_the_plans_apart():
     assert timeline.png_name(dict(entry, plan="growing")) == "timeline_sdma_M8192_S4_growing.png"
 
 
-def test_the_plot_keeps_each_plan_its_own_series(tmp_path, monkeypatch):
-    """Two plans of one (backend, S) are two speedup lines and two contention bars."""
+def test_the_plot_keeps_each_plan_its_own_series(monkeypatch):
+    """Two plans of one (backend, S) are two speedup lines and two groups of contention
+    bars (one bar per M in each)."""
     pytest.importorskip("matplotlib")
     import matplotlib.axes
 
@@ -49,16 +50,17 @@ def test_the_plot_keeps_each_plan_its_own_series(tmp_path, monkeypatch):
                         lambda ax, *a, **k: (plotted.append(k.get("label")),
                                              real_plot(ax, *a, **k))[1])
     monkeypatch.setattr(matplotlib.axes.Axes, "bar",
-                        lambda ax, *a, **k: (bars.append(k.get("label")),
+                        lambda ax, *a, **k: (bars.append((k.get("label"), len(a[0]))),
                                              real_bar(ax, *a, **k))[1])
     records = [{"backend": "sdma", "M": m, "slices": 4, "plan": plan, "speedup": sp,
                 "contention": c}
                for m in (8192, 16384)
                for plan, sp, c in (("uniform", 1.08, 1.04), ("growing", 1.12, 1.06))]
-    report.write_png(tmp_path / "p.png", "t", records)
+    fig = report.figure("t", records)
     assert sorted(plotted) == ["sdma S=4", "sdma S=4 growing"]
-    assert sorted(bars) == ["M=16384 S=4", "M=16384 S=4 growing", "M=8192 S=4",
-                            "M=8192 S=4 growing"]
+    assert sorted(bars) == [("M=16384", 2), ("M=8192", 2)]
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()] == ["sdma\nS=4",
+                                                                     "sdma\nS=4 growing"]
 
 
 def test_auto_slices_are_each_backends_own_and_not_measured_twice():

@@ -259,7 +259,7 @@ def timed_record(arm, backend, prefill_ms, **extra):
 def test_gpu_report_from_synthetic_records(tmp_path):
     hdr = {"world": "gpu-emulated", "emulated": True, "label": "1 GPU, 4 emulated ranks",
            "device": "H200", "date": "today", "model": {"name": "llama-3.1-70b"}, "tp": 4,
-           "layers": 4, "tokens": 16384, "chunk": 8192}
+           "layers": 4, "tokens": 16384, "chunk": 8192, "chunk_rows": [8192, 8192]}
     records = [timed_record("off", "sdma", 200.0, ar_share=0.5, ceiling_speedup=1.25),
                timed_record("on", "sdma", 160.0, speedup=1.25, stack_rel_rms_vs_off=0.0),
                {"arm": "on", "backend": "stock", "skipped": "no process group", "correct": None},

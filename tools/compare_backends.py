@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import os
 import platform
 import sys
@@ -74,47 +75,69 @@ def slice_list(text: str) -> list[int | str]:
     return [w if w == "auto" else int_list(w)[0] for w in words]
 
 
+def _by_device(key: str) -> str:
+    """The default of an option that depends on the device, for its help."""
+    def text(v):
+        return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+    return (f"default {text(DEFAULTS['cpu'][key])} on the CPU, {text(DEFAULTS['gpu'][key])} "
+            f"on GPUs; with --quick {text(QUICK['cpu'][key])} and {text(QUICK['gpu'][key])}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    # Every option's help says its default: "%(default)s" where it is one value, in words
+    # where it depends on the device (those default to None here).
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=4,
-                   help="ranks of the CPU or emulated world (torchrun sets its own); default 4")
+                   help="ranks of the CPU or emulated world (torchrun sets its own); "
+                        "default %(default)s")
     p.add_argument("--mode", choices=["auto", "cpu", "emulated"], default="auto",
                    help="auto: torchrun if launched by it, else emulated ranks on a GPU if "
-                        "one is visible, else a CPU world; cpu/emulated force that world")
+                        "one is visible, else a CPU world; cpu/emulated force that world; "
+                        "default %(default)s")
     p.add_argument("--backends", default=None,
                    help="comma-separated backend names; default every registered one "
                         "(RADIANCE_AR_BACKEND picks the op's backend inside vLLM: it is "
                         "validated here like every RADIANCE_AR_* setting, but --backends "
                         "alone chooses what is measured)")
     p.add_argument("--m", type=int_list, default=None,
-                   help="rows (tokens) to measure, e.g. 2048,8192; default by device")
-    p.add_argument("--n", type=int, default=None, help="output columns N of the linear")
-    p.add_argument("--k", type=int, default=None, help="input columns K (this rank's shard)")
-    p.add_argument("--slices", type=slice_list, default=[4],
+                   help="rows (tokens) to measure, e.g. 2048,8192; " + _by_device("m"))
+    p.add_argument("--n", type=int, default=None,
+                   help="output columns N of the linear; " + _by_device("n"))
+    p.add_argument("--k", type=int, default=None,
+                   help="input columns K (this rank's shard); " + _by_device("k"))
+    # a string default goes through type= like a typed value: "auto" becomes ["auto"]
+    p.add_argument("--slices", type=slice_list, default="auto",
                    help="slice counts S, and auto: each backend's own (what the op runs with "
-                        "RADIANCE_AR_OVERLAP_SLICES=auto); default 4")
+                        "RADIANCE_AR_OVERLAP_SLICES=auto, its default); default %(default)s")
     p.add_argument("--plans", default=OVERLAP_PLANS[0],
                    help="comma-separated slicing plans of the op (RADIANCE_AR_OVERLAP_PLAN): "
-                        f"{', '.join(OVERLAP_PLANS)}; default {OVERLAP_PLANS[0]}")
+                        f"{', '.join(OVERLAP_PLANS)}; default %(default)s")
     p.add_argument("--producer", default="bf16", choices=producers.names(),
                    help="GEMM producer the op runs, timed alone and in the serial baseline "
                         "too; its weight is the bf16 shard in the producer's format "
                         "(tools/producer_inputs.py) and results are checked against the "
-                        "float64 product of the dequantized operands; default bf16")
-    p.add_argument("--reps", type=int, default=None, help="timed repeats (median reported)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing")
-    p.add_argument("--quick", action="store_true", help="a smoke run: one small M, few repeats")
+                        "float64 product of the dequantized operands; default %(default)s")
+    p.add_argument("--reps", type=int, default=None,
+                   help="timed repeats (median reported); " + _by_device("reps"))
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed calls before timing; " + _by_device("warmup"))
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: one small M, few repeats; default off")
     p.add_argument("--out-dir", default=None,
-                   help="folder for compare.json/.csv/.png (default ./results; never the "
+                   help="folder for compare.json/.csv/.png; default ./results (never the "
                         "tracked tools/results/ unless named here)")
-    p.add_argument("--json", default=None, help="JSON path (default OUT_DIR/compare.json)")
-    p.add_argument("--no-png", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    p.add_argument("--json", default=None, help="JSON path; default OUT_DIR/compare.json")
+    p.add_argument("--no-png", action="store_true",
+                   help="skip the PNGs (no matplotlib needed); default off")
     p.add_argument("--timeline", action="store_true",
                    help="GPU worlds: record one op call's per-slice GEMM and AR events per "
-                        "case (OUT_DIR/timeline.json, timeline_<backend>_M<M>_S<S>.png)")
-    p.add_argument("--probe-ctas", type=int_list, default=[8, 16, 32, 64],
-                   help="GPU only: spinning-CTA counts K of the spin-footprint probe")
-    p.add_argument("--no-probe", action="store_true", help="skip the spin-footprint probe")
+                        "case (OUT_DIR/timeline.json, timeline_<backend>_M<M>_S<S>.png); "
+                        "default off")
+    p.add_argument("--probe-ctas", type=int_list, default="8,16,32,64",
+                   help="GPU only: spinning-CTA counts K of the spin-footprint probe; "
+                        "default %(default)s")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip the spin-footprint probe; default off")
     args = p.parse_args(argv)
     if args.world < 1:
         p.error(f"--world {args.world}: expected >= 1")
@@ -308,6 +331,17 @@ def output_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def output_paths(args: argparse.Namespace) -> list[str]:
+    """The files this run writes (glob patterns, for report.overwrite_notice)."""
+    out = glob.escape(args.out_dir)
+    paths = [glob.escape(args.json or os.path.join(args.out_dir, "compare.json")),
+             os.path.join(out, "compare.csv")]
+    paths += [] if args.no_png else [os.path.join(out, "compare.png")]
+    paths += [os.path.join(out, "timeline.json")] if args.timeline else []
+    paths += [os.path.join(out, "timeline_*.png")] if args.timeline and not args.no_png else []
+    return paths
+
+
 def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
     import torch.distributed as dist
 
@@ -396,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"compare_backends: --producer {args.producer}: {problem}", file=sys.stderr)
         return 2
+    if envs.torchrun_rank() == 0:
+        notice = report.overwrite_notice(output_paths(args))
+        if notice is not None:
+            print(notice, flush=True)
     if torchrun:
         result = run_torchrun(args)
         if result is None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import glob
 import os
 import platform
 import sys
@@ -268,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         if reason is not None:
             print(f"prefill_bench: cannot write {args.out_dir}: {reason}", file=sys.stderr)
             return 2
+    if envs.torchrun_rank() == 0:
+        notice = report.overwrite_notice(
+            os.path.join(glob.escape(args.out_dir), f"prefill.{ext}")
+            for ext in ("json", "csv") + (() if args.no_png else ("png",)))
+        if notice is not None:
+            print(notice, flush=True)
     if kind == "torchrun":
         result = run_torchrun(args, spec)
         if result is None:

@@ -124,43 +124,84 @@ def summary(hdr: dict, records: list[dict]) -> str:
 
 
 def write_png(path: str, hdr: dict, records: list[dict]) -> bool:
-    """Tokens/s per arm and each arm's time per layer type; False (nothing written)
-    when matplotlib is not installed."""
+    """:func:`figure`, saved to ``path``; False (nothing written) when matplotlib is not
+    installed."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401  (figure() imports it again)
     except ImportError:
         return False
+    fig = figure(hdr, records)
+    import matplotlib.pyplot as plt  # after figure() chose the backend
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def figure(hdr: dict, records: list[dict]):
+    """Tokens/s per arm and each arm's time per layer type; on a CPU run, which times
+    nothing, each arm's errors against their bounds instead."""
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     timed = [r for r in records if r.get("t_prefill_ms") is not None]
-    labels = [f"{r['backend']}\n{r['arm']}" for r in timed]
-    fig, (ax_rate, ax_parts) = plt.subplots(1, 2, figsize=(13, 4.8))
-    if timed:
-        bars = ax_rate.bar(labels, [r["tokens_per_s"] for r in timed],
-                           color=["#999999" if r["arm"] == "off" else "#3070b0" for r in timed])
-        for bar, r in zip(bars, timed):
-            if r.get("speedup") is not None:
-                ax_rate.annotate(f"{r['speedup']:.3f}x", (bar.get_x() + bar.get_width() / 2,
-                                                         bar.get_height()),
-                                 ha="center", va="bottom", fontsize=8)
-        ax_rate.set(ylabel="prefill tokens/s", title="prefill throughput (speedup vs off)")
-        bottom = [0.0] * len(timed)
-        for c in COMPONENTS:
-            values = [r[f"t_{c}_ms"] for r in timed]
-            ax_parts.bar(labels, values, bottom=bottom, label=COMPONENT_TITLES[c])
-            bottom = [b + v for b, v in zip(bottom, values)]
-        ax_parts.set(ylabel="ms over the prefill", title="time per layer type")
-        ax_parts.legend(fontsize=7)
-        for ax in (ax_rate, ax_parts):
-            ax.tick_params(axis="x", labelsize=7)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    title = (f"{hdr['model']['name']} TP {hdr['tp']}, {hdr['layers']} layers, "
+             f"{hdr['tokens']} tokens in chunks {hdr['chunk_rows']} -- {hdr['label']} -- "
+             f"{hdr['device']} -- {hdr['date']}")
+    if hdr["world"] == "cpu-shm":
+        checked = [r for r in records if r.get("call_rel_rms_max") is not None]
+        _errors(left, checked, "call_rel_rms_max", "call_bound",
+                "worst RowParallel call vs the float64 sum of its partials")
+        _errors(right, [r for r in checked if r.get("stack_rel_rms_vs_off") is not None],
+                "stack_rel_rms_vs_off", "stack_bound", "stack output vs the off arm's")
+        title += f"\n{report.CPU_PLOT_NOTE}; shown: each arm's errors against their bounds"
+    elif timed:
+        _throughput(left, right, timed)
     else:
-        for ax in (ax_rate, ax_parts):
-            ax.text(0.5, 0.5, "timed on GPU worlds only", ha="center", transform=ax.transAxes)
-    fig.suptitle(f"{hdr['model']['name']} TP {hdr['tp']}, {hdr['layers']} layers, "
-                 f"{hdr['tokens']} tokens in chunks of {hdr['chunk']} -- {hdr['label']} -- "
-                 f"{hdr['device']} -- {hdr['date']}", fontsize=8)
+        for ax in (left, right):
+            ax.text(0.5, 0.5, "no arm was timed", ha="center", transform=ax.transAxes)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
+
+
+def _labels(records: list[dict]) -> list[str]:
+    return [f"{r['backend']}\n{r['arm']}" for r in records]
+
+
+def _throughput(ax_rate, ax_parts, timed: list[dict]) -> None:
+    labels = _labels(timed)
+    bars = ax_rate.bar(labels, [r["tokens_per_s"] for r in timed],
+                       color=["#999999" if r["arm"] == "off" else "#3070b0" for r in timed])
+    for bar, r in zip(bars, timed):
+        if r.get("speedup") is not None:
+            ax_rate.annotate(f"{r['speedup']:.3f}x", (bar.get_x() + bar.get_width() / 2,
+                                                     bar.get_height()),
+                             ha="center", va="bottom", fontsize=8)
+    ax_rate.set(ylabel="prefill tokens/s", title="prefill throughput (speedup vs off)")
+    bottom = [0.0] * len(timed)
+    for c in COMPONENTS:
+        values = [r[f"t_{c}_ms"] for r in timed]
+        ax_parts.bar(labels, values, bottom=bottom, label=COMPONENT_TITLES[c])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax_parts.set(ylabel="ms over the prefill", title="time per layer type")
+    ax_parts.legend(fontsize=7)
+    for ax in (ax_rate, ax_parts):
+        ax.tick_params(axis="x", labelsize=7)
+
+
+def _errors(ax, records: list[dict], key: str, bound: str, what: str) -> None:
+    """Each arm's error ``key`` as a share of its ``bound`` (1: the bound), the error
+    itself on the bar."""
+    shares = [r[key] / r[bound] for r in records]
+    bars = ax.bar(_labels(records), shares,
+                  color=["#999999" if r["arm"] == "off" else "#3070b0" for r in records])
+    ax.bar_label(bars, [f"{r[key]:.1e}" for r in records], fontsize=7, padding=2)
+    ax.axhline(1.0, color="red", lw=0.8, ls="--", label="bound")
+    ax.set_ylim(0, max([1.3] + [1.15 * v for v in shares]))
+    ax.set(ylabel="relative RMS error / its bound", title=what)
+    ax.legend(fontsize=7)
+    ax.tick_params(axis="x", labelsize=7)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
 import tempfile
@@ -57,6 +58,21 @@ def unwritable_reason(path: str, is_dir: bool) -> str | None:
     except OSError as e:
         return e.strerror or str(e)
     return None
+
+
+def overwrite_notice(paths: Iterable[str]) -> str | None:
+    """``overwriting earlier results in FOLDER: a, b`` for those of ``paths`` (a run's
+    output files; glob patterns, their folders escaped with ``glob.escape``) that exist
+    already, one line per folder; None when there are none. Said before the run, so
+    that earlier results one means to keep can still be moved."""
+    found: dict[str, list[str]] = {}
+    for pattern in paths:
+        for path in sorted(glob.glob(pattern)):
+            found.setdefault(os.path.dirname(os.path.abspath(path)), []).append(
+                os.path.basename(path))
+    lines = [f"overwriting earlier results in {folder}: {', '.join(names)}"
+             for folder, names in found.items()]
+    return "\n".join(lines) or None
 
 
 #: the columns of a CPU world: accuracy and bytes only (its timings are not a measurement)
@@ -126,52 +142,107 @@ def slicing_label(cut: tuple[int, str]) -> str:
     return f"S={slices}" + ("" if plan == OVERLAP_PLANS[0] else f" {plan}")
 
 
+#: the plots' note on a CPU run, whose records carry no timings (``without_timings``)
+CPU_PLOT_NOTE = "CPU run: timings were not measured (they need a GPU)"
+
+
 def write_png(path: str, title: str, records: list[dict],
               baseline: str = "stock (GEMM then AR)") -> None:
-    """(a) speedup vs M per backend, (b) contention per backend and M."""
+    """:func:`figure`, saved to ``path``."""
+    fig = figure(title, records, baseline)
+    import matplotlib.pyplot as plt  # after figure() chose the backend
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(title: str, records: list[dict], baseline: str = "stock (GEMM then AR)"):
+    """(a) speedup vs M per backend, (b) contention per backend and M; for a CPU run
+    (records without timings) (a) the accuracy and (b) the wire bytes instead."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_speed, ax_cont) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    if records and all("timings" in r for r in records):
+        _accuracy(left, records)
+        grouped_bars(right, records, "wire_bytes", 2 ** -20)
+        right.set(ylabel="MiB this rank sends per op call", title="wire bytes")
+        title = f"{title}\n{CPU_PLOT_NOTE}; shown: accuracy and wire bytes"
+    else:
+        _speedup(left, records, baseline)
+        _contention(right, records)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _speedup(ax, records: list[dict], baseline: str) -> None:
     timed = [r for r in records if r.get("speedup") is not None]
     for name in dict.fromkeys(r["backend"] for r in timed):
         for cut in sorted({slicing(r) for r in timed if r["backend"] == name}):
             pts = sorted((r["M"], r["speedup"]) for r in timed
                          if r["backend"] == name and slicing(r) == cut)
-            ax_speed.plot(*zip(*pts), marker="o", label=f"{name} {slicing_label(cut)}")
+            ax.plot(*zip(*pts), marker="o", label=f"{name} {slicing_label(cut)}")
     if timed:
         sizes_m = sorted({r["M"] for r in timed})
-        ax_speed.axhline(1.0, color="grey", lw=0.8)
-        ax_speed.set(xscale="log", xlabel="M (rows)", ylabel="speedup (serial / overlapped)",
-                     title=f"speedup vs {baseline}")
-        ax_speed.set_xticks(sizes_m, [str(m) for m in sizes_m])  # no 3x10^2-style ticks
-        ax_speed.minorticks_off()
-        ax_speed.legend(fontsize=7)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="log", xlabel="M (rows)", ylabel="speedup (serial / overlapped)",
+               title=f"speedup vs {baseline}")
+        ax.set_xticks(sizes_m, [str(m) for m in sizes_m])  # no 3x10^2-style ticks
+        ax.minorticks_off()
+        ax.legend(fontsize=7)
     else:
-        ax_speed.text(0.5, 0.5, "speedup is measured on GPU worlds only", ha="center",
-                      transform=ax_speed.transAxes)
-        ax_speed.set(title="speedup")
-    cont = [r for r in records if r.get("contention") is not None]
-    names = list(dict.fromkeys(r["backend"] for r in cont))
-    sizes = sorted({(r["M"], slicing(r)) for r in cont})
+        ax.text(0.5, 0.5, "speedup is measured on GPU worlds only", ha="center",
+                transform=ax.transAxes)
+        ax.set(title="speedup")
+
+
+def _contention(ax, records: list[dict]) -> None:
+    if grouped_bars(ax, records, "contention"):
+        ax.axhline(1.05, color="green", lw=0.8, ls="--", label="1.05x goal")
+        ax.set_ylim(bottom=0.9)
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "contention is measured on GPUs only", ha="center",
+                transform=ax.transAxes)
+    ax.set(ylabel="GEMM time beside the AR / GEMM alone", title="contention")
+
+
+def _accuracy(ax, records: list[dict]) -> None:
+    """Each record's relative RMS error as a share of its backend's bound (1: the bound),
+    the error itself written on the bar."""
+    checked = [dict(r, bound_share=r["rel_rms_err"] / r["rel_rms_bound"]) for r in records
+               if r.get("rel_rms_err") is not None and r.get("rel_rms_bound")]
+    for bars, errors in grouped_bars(ax, checked, "bound_share", with_values="rel_rms_err"):
+        ax.bar_label(bars, [f"{e:.1e}" for e in errors], fontsize=6, rotation=90,
+                     padding=2)
+    ax.axhline(1.0, color="red", lw=0.8, ls="--", label="bound (rel_rms_bound)")
+    ax.set_ylim(0, max([1.3] + [1.15 * r["bound_share"] for r in checked]))
+    ax.legend(fontsize=7)
+    ax.set(ylabel="relative RMS error / the backend's bound",
+           title="accuracy vs a float64 sum (on the bar: the error)")
+
+
+def grouped_bars(ax, records: list[dict], key: str, scale: float = 1.0, *,
+                 with_values: str | None = None) -> list:
+    """Bars of ``record[key] * scale``: one group per backend and slicing, one bar per M.
+    Returns, per M, (its bars, the records' ``with_values``), for labels; empty when no
+    record holds ``key``."""
+    held = [r for r in records if r.get(key) is not None]
+    groups = list(dict.fromkeys((r["backend"], slicing(r)) for r in held))
+    sizes = sorted({r["M"] for r in held})
     width = 0.8 / max(1, len(sizes))
-    for j, (rows, cut) in enumerate(sizes):
-        vals = {r["backend"]: r["contention"] for r in cont if (r["M"], slicing(r)) == (rows, cut)}
-        ax_cont.bar([i + j * width for i, n in enumerate(names) if n in vals],
-                    [vals[n] for n in names if n in vals], width,
-                    label=f"M={rows} {slicing_label(cut)}")
-    if cont:
-        ax_cont.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(names))], names)
-        ax_cont.axhline(1.05, color="green", lw=0.8, ls="--", label="1.05x goal")
-        ax_cont.set_ylim(bottom=0.9)
-        ax_cont.legend(fontsize=7)
-    else:
-        ax_cont.text(0.5, 0.5, "contention is measured on GPUs only", ha="center",
-                     transform=ax_cont.transAxes)
-    ax_cont.set(ylabel="GEMM time beside the AR / GEMM alone", title="contention")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    series = []
+    for j, rows in enumerate(sizes):
+        of = {(r["backend"], slicing(r)): r for r in held if r["M"] == rows}
+        shown = [g for g in groups if g in of]
+        bars = ax.bar([i + j * width for i, g in enumerate(groups) if g in of],
+                      [of[g][key] * scale for g in shown], width, label=f"M={rows}")
+        series.append((bars, [of[g].get(with_values) for g in shown] if with_values else []))
+    if held:
+        ax.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(groups))],
+                      [f"{name}\n{slicing_label(cut)}" for name, cut in groups], fontsize=8)
+        ax.legend(fontsize=7)
+    return series
