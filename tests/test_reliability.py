@@ -2,6 +2,8 @@
 emulated ranks on one GPU), the decode path per backend."""
 
 import os
+import stat
+import tempfile
 import time
 
 import pytest
@@ -54,6 +56,32 @@ def test_a_peer_that_never_arrives_times_out_and_a_fresh_world_works():
         assert time.monotonic() - t0 < 30
     with CpuWorldPool(2) as pool:
         assert pool.run(sum_of_ranks) == [1.0, 1.0]
+
+
+def test_the_rendezvous_file_is_private_and_removed_on_every_path(tmp_path, monkeypatch):
+    from radiance_ar.harness import cpu_world
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # see what a pool leaves behind
+    with CpuWorldPool(2) as pool:
+        assert pool.run(sum_of_ranks) == [1.0, 1.0]
+        (folder,) = tmp_path.iterdir()
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert [(f.name, stat.S_IMODE(f.stat().st_mode)) for f in folder.iterdir()] == \
+            [("store", 0o600)]
+    assert list(tmp_path.iterdir()) == []
+    with CpuWorldPool(2, collective_timeout_s=60) as pool:  # a rank dies: the pool closes
+        with pytest.raises(WorldError, match="died"):
+            pool.run(die_on_rank_1, timeout_s=120)
+        assert list(tmp_path.iterdir()) == []
+
+    class NoProcesses:
+        def get_context(self, method):
+            raise OSError("no processes here")
+
+    monkeypatch.setattr(cpu_world, "mp", NoProcesses())
+    with pytest.raises(OSError, match="no processes here"):
+        CpuWorldPool(2)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("backend", backends.names())

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import tempfile
 import time
 import traceback
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -59,21 +61,31 @@ class CpuWorldPool:
         if size < 1:
             raise ValueError(f"CpuWorldPool: size must be >= 1, got {size}")
         self.size = size
-        ctx = mp.get_context("spawn")
-        fd, self._init_file = tempfile.mkstemp(prefix="radiance-ar-init-")
-        os.close(fd)
-        os.unlink(self._init_file)  # the FileStore creates it
-        self._results = ctx.Queue()
-        self._jobs = [ctx.Queue() for _ in range(size)]
-        threads = max(1, (os.cpu_count() or 1) // size)
-        self._procs = [
-            ctx.Process(target=_worker, daemon=True,
-                        args=(r, size, self._init_file, self._jobs[r], self._results,
-                              collective_timeout_s, threads))
-            for r in range(size)
-        ]
-        for p in self._procs:
-            p.start()
+        self._procs: list = []
+        self._jobs: list = []
+        # Whoever can read or write the rendezvous file can watch or disturb the world, and
+        # the FileStore would create it readable by everyone (0644): it is made here, 0600,
+        # in a directory of our own (0700, random name). The finalizer removes that
+        # directory on every path: close(), a failed start, or a pool never closed.
+        self._init_dir = tempfile.mkdtemp(prefix="radiance-ar-init-")
+        self._remove_init_dir = weakref.finalize(self, shutil.rmtree, self._init_dir,
+                                                 ignore_errors=True)
+        self._init_file = os.path.join(self._init_dir, "store")
+        try:
+            os.close(os.open(self._init_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            ctx = mp.get_context("spawn")
+            self._results = ctx.Queue()
+            self._jobs = [ctx.Queue() for _ in range(size)]
+            threads = max(1, (os.cpu_count() or 1) // size)
+            for r in range(size):
+                self._procs.append(ctx.Process(
+                    target=_worker, daemon=True,
+                    args=(r, size, self._init_file, self._jobs[r], self._results,
+                          collective_timeout_s, threads)))
+                self._procs[-1].start()
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0,
             **kwargs: Any) -> list[Any]:
@@ -118,13 +130,14 @@ class CpuWorldPool:
             if p.is_alive():
                 q.put(None)
         for p in self._procs:
+            if p.pid is None:  # never started (a failed start)
+                continue
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join()
         self._procs = []
-        if os.path.exists(self._init_file):
-            os.unlink(self._init_file)
+        self._remove_init_dir()
 
     def __enter__(self) -> "CpuWorldPool":
         return self
