@@ -21,10 +21,20 @@ def make(rows=16, k=32, cols=24, dtype=torch.bfloat16, seed=0):
     return world_jobs.shard(seed, 0, rows, cols, k, dtype)
 
 
-def test_opcheck_decode_and_prefill_rows(stock_runtime):
-    for rows in (3, 16):
+@pytest.mark.parametrize("backend", ["stock", "sdma"])  # stock never slices; sdma does
+def test_opcheck_decode_and_prefill_rows(backend, monkeypatch):
+    rt = overlap.configure(single_world("cpu"), OverlapSettings(True, backend, 8, 4))
+    calls = []
+    all_reduce = rt.backend.all_reduce
+    monkeypatch.setattr(rt.backend, "all_reduce",
+                        lambda slice_in, out: (calls.append(slice_in.shape[0]),
+                                               all_reduce(slice_in, out))[1])
+    for rows in (3, 16):  # below min_m 8: the stock path; at 16: the sliced pipeline
         x, w = make(rows)
         torch.library.opcheck(OP, (x, w, None, "bf16"))
+    # sdma: the sliced path was opchecked, 16 rows as 4 slices of 4 (its 3-row calls go
+    # to the runtime's stock backend); stock: whole calls only
+    assert set(calls) == ({4} if backend == "sdma" else {3, 16})
 
 
 def test_compiles_as_one_node_and_matches_eager(stock_runtime):
