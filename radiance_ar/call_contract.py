@@ -76,19 +76,24 @@ class CallSignature:
     path: str = "flags"
     key_m: int = 0  # op-level rows of the whole linear (0: a direct all_reduce)
     key_k: int = 0  # op-level inner dimension K (0: unknown)
+    #: the layer's number as the installer registered it (0: unregistered): replayed calls
+    #: carry no call number in their flags, so a skipped call shows as a mismatch at the
+    #: next layer instead (radiance_ar.transport.tokens)
+    layer: int = 0
 
     def words(self) -> list[int]:
-        """Four int64 header words: rows, cols, dtype/path codes, key."""
-        return [self.rows, self.cols, DTYPE_CODES[self.dtype] << 8 | PATH_CODES[self.path],
+        """Four int64 header words: rows, cols, layer/dtype/path codes, key."""
+        return [self.rows, self.cols,
+                self.layer << 16 | DTYPE_CODES[self.dtype] << 8 | PATH_CODES[self.path],
                 (self.key_m << 32) | (self.key_k & 0xFFFFFFFF)]
 
     @classmethod
     def from_words(cls, words: list[int]) -> "CallSignature | None":
         rows, cols, codes, key = (int(w) for w in words)
-        dtype, path = _DTYPES.get(codes >> 8), _PATHS.get(codes & 0xFF)
+        dtype, path = _DTYPES.get(codes >> 8 & 0xFF), _PATHS.get(codes & 0xFF)
         if dtype is None or path is None:
             return None
-        return cls(rows, cols, dtype, path, key >> 32, key & 0xFFFFFFFF)
+        return cls(rows, cols, dtype, path, key >> 32, key & 0xFFFFFFFF, codes >> 16)
 
     def hash32(self) -> int:
         return _hash_words(tuple(self.words()))
@@ -101,6 +106,7 @@ class CallSignature:
         dt = str(self.dtype).replace("torch.", "")
         where = "the vendor all-reduce (decode path)" if self.path == "vendor" else "the sliced path"
         key = f" of a linear with M={self.key_m}, K={self.key_k}" if self.key_m else ""
+        key += f" (layer {self.layer})" if self.layer else ""
         return f"{self.rows}x{self.cols} {dt} in {where}{key}"
 
 

@@ -146,6 +146,11 @@ MAX_REDUCE_CTAS = 1024
 #: RADIANCE_AR_SDMA_CALL_STREAMS: 1 runs every call on the caller's stream; 2 alternates two
 #: streams (radiance_ar/transport/call_streams.py)
 MAX_CALL_STREAMS = 2
+#: RADIANCE_AR_OP_GRAPHS: the first is the default
+OP_GRAPHS = ("auto", "on", "off")
+#: RADIANCE_AR_OP_GRAPHS_MAX's sanity bound: a graph holds a few hundred host and device
+#: nodes, so thousands are megabytes of driver memory with no use (a model has ~200 layers)
+MAX_OP_GRAPHS = 4096
 #: the slicing plans of the op (radiance_ar/overlap/slicing.py), the first the default
 OVERLAP_PLANS = ("uniform", "growing")
 #: the transfer schedules of the copy-engine backends (radiance_ar/backends/sdma.py, sdma_wht6.py)
@@ -176,6 +181,17 @@ KNOBS: dict[str, Knob] = {
              "least twice the GEMM's time only the first, small GEMM slice is exposed, while "
              "the AR stays S large calls)",
              words=OVERLAP_PLANS),
+        Knob("RADIANCE_AR_OP_GRAPHS", str, "auto",
+             "`on`: the op captures its sliced path once per shape into a CUDA graph and "
+             "replays it, one launch per call (`radiance_ar/overlap/graphs.py`); `off`: every "
+             "step of every slice is enqueued from Python; `auto`: on, except for emulated "
+             "ranks with active peers (one process: a capture can block while a peer waits "
+             "on this rank)",
+             words=OP_GRAPHS),
+        Knob("RADIANCE_AR_OP_GRAPHS_MAX", int, 256,
+             "captured op calls kept per process (least recently used dropped first): one "
+             "per layer and M, since a graph holds its layer's weight by address",
+             lo=1, hi=MAX_OP_GRAPHS),
         Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", float, 1000.0,
              "longest wait, in ms, for a peer's flag before a call reports the peer missing "
              "(no hung GPU: an unbounded spin can wedge an RDNA compute queue)",

@@ -21,6 +21,8 @@ BAD_VALUES = {
     "RADIANCE_AR_SDMA_CALL_STREAMS": ["0", "3", "two", ""],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": ["0", "-1", "nan", "inf", "soon", "1e300", "1e-9"],
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
+    "RADIANCE_AR_OP_GRAPHS": ["2", "no", "1", "ON"],
+    "RADIANCE_AR_OP_GRAPHS_MAX": ["0", "4097", "-1", "many"],
 }
 
 
@@ -206,6 +208,8 @@ PADDED = {
     "RADIANCE_AR_SDMA_CALL_STREAMS": [(" 1\n", 1)],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": [(" 2.5\n", 2.5)],
     "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
+    "RADIANCE_AR_OP_GRAPHS": [(" off ", "off")],
+    "RADIANCE_AR_OP_GRAPHS_MAX": [(" 8\n", 8)],
 }
 
 

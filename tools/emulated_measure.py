@@ -129,6 +129,8 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
         record["timeline"] = dict(timeline.summarize(events), path=path)
         record["timeline_events"] = events
     record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting
+    # what the timed op calls were: replayed graphs, or why each step was enqueued
+    record["op_graphs"] = rt.graph_reason() or "replayed"
     rt.close()
     serial_rt.close()
     return record

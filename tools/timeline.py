@@ -94,7 +94,7 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
             a1.record()
             spans = [(GEMM_LANE, 0, g0, g1, hg), (AR_LANE, 0, a0, a1, ha)]
         else:
-            backend.call_key = (rows, x.shape[1])
+            backend.set_call_key(rows, x.shape[1])
             backend.ensure_capacity(rows, cols, out.dtype)
             y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
                  else rt.scratch.get("gemm_out", (rows, cols), out.dtype, device))

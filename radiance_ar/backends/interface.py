@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, ClassVar, Iterator
+from typing import TYPE_CHECKING, ClassVar, Hashable, Iterator
 
 import torch
 
@@ -113,14 +113,19 @@ class Backend(abc.ABC):
         self.world = world
         #: the backend knobs (validated when the settings were built); read nothing else
         self.settings = settings
-        #: (M, K) of the linear whose slices are being reduced; the op sets it per call and
+        #: (M, K, layer) of the linear whose slices are being reduced (:meth:`set_call_key`);
         #: it joins every call's signature, so ranks in different linears do not pair up
-        self.call_key: tuple[int, int] = (0, 0)
+        self._call_key: tuple[int, int, int] = (0, 0, 0)
+
+    def set_call_key(self, rows: int, k: int, layer: int = 0) -> None:
+        """The op, before a call's slices: M and K of the whole linear and the layer's
+        registered number (0: none), which every slice's signature then carries."""
+        self._call_key = (rows, k, layer)
 
     def signature(self, slice_in: torch.Tensor, path: str = "flags") -> CallSignature:
         """What every rank must agree on for a call reducing ``slice_in``."""
         return CallSignature(slice_in.shape[0], slice_in.shape[1], slice_in.dtype, path,
-                             *self.call_key)
+                             *self._call_key)
 
     @contextlib.contextmanager
     def vendor_call(self, t: torch.Tensor) -> Iterator[None]:
@@ -188,6 +193,28 @@ class Backend(abc.ABC):
         next call is right again. A backend without epochs of its own has nothing to put
         back (``stock``: a process group that timed out is not repaired here; build a
         fresh world)."""
+
+    def replay_reason(self, forced: bool = False) -> str | None:
+        """``None`` if the op may capture its sliced calls on this backend into CUDA graphs
+        and replay them (:mod:`radiance_ar.overlap.graphs`), else why not. ``forced``
+        (``RADIANCE_AR_OP_GRAPHS=on``) lifts what ``auto`` declines only for caution."""
+        return f"backend {self.name!r} has no replayable calls"
+
+    @property
+    def generation(self) -> Hashable:
+        """What a captured op call of this backend bakes in and what moves it (buffer
+        sizes, resyncs): a captured call of another generation is captured again."""
+        return ()
+
+    def capture_round(self) -> contextlib.AbstractContextManager:
+        """While the op captures one call's sliced path (see :meth:`replay_reason`)."""
+        raise TypeError(self.replay_reason())
+
+    def replay_call(self, sig: CallSignature, captured: object,
+                    stream: int) -> contextlib.AbstractContextManager:
+        """Collective: around one replay, on ``stream``, of a graph captured in
+        :meth:`capture_round` (which returned ``captured``) for an op call of ``sig``."""
+        raise TypeError(self.replay_reason())
 
     def overlapped_calls(self) -> contextlib.AbstractContextManager:
         """A block of ``all_reduce`` calls that may run at the same time (the op's slices):

@@ -93,7 +93,7 @@ class SdmaBackend(TransportBackend):
             raise ValueError(f"sdma.acquire_input_view: {rows}x{cols} {dtype} needs {need} B, capacity "
                              f"is {tr.capacity} B: call ensure_capacity first")
         if self.signals is not None:
-            self.signals.faults.refuse_if_faulted()
+            self.signals.refuse_if_faulted()
             try:
                 with tr.call_stream() as stream, traced(tr.trace, stream, "fence"):
                     tr.fence(0, tr.capacity, stream)

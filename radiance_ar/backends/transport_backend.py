@@ -20,6 +20,8 @@ from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend
 from radiance_ar.backends.sdma_schedule import COMPUTE_UNITS
+from radiance_ar.call_contract import CallSignature
+from radiance_ar.transport.tokens import TokenRound
 from radiance_ar.transport.trace import StepTrace
 from radiance_ar.world import KINDS, MAX_WORLD, World
 
@@ -106,6 +108,12 @@ class TransportBackend(Backend):
         return self.transport.capacity
 
     @property
+    def generation(self) -> tuple[int, int]:
+        """What a captured op call bakes in: the buffers' size (they move when they grow)
+        and the resyncs so far (:attr:`CopyTransport.resyncs`)."""
+        return self.transport.capacity, self.transport.resyncs
+
+    @property
     def pulled_bytes(self) -> int:
         """Bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)."""
         return self.transport.pulled_bytes
@@ -123,6 +131,34 @@ class TransportBackend(Backend):
     def close(self) -> None:
         self.transport.close()
 
+    def replay_reason(self, forced: bool = False) -> str | None:
+        if self.world.size == 1:
+            return "one rank: the op's all-reduce is a copy"
+        if self.world.device.type != "cuda" or platform(self.world.device) != "cuda":
+            return (f"{platform(self.world.device)}: captured op calls are built for CUDA only "
+                    "(on ROCm, stream wait/write-value capture needs a newer runtime)")
+        if self.transport.trace is not None:
+            return "a step trace is recording (it times each step as it is enqueued)"
+        if self.world.kind == "gpu-emulated" and not forced and not self.transport.all_passive:
+            # One host thread drives every rank: a capture made while a peer's replay is
+            # parked on this rank's flags blocked for good in capture_end (H200, W = 4,
+            # CUDA 13.0, tools/results/2026-12-04-h200-graphs/). Timing with passive peers
+            # parks no stream; a process per GPU only waits for its peers.
+            return ("emulated ranks with active peers (one process: a capture can block "
+                    "while a peer's stream waits on this rank); RADIANCE_AR_OP_GRAPHS=on "
+                    "forces it")
+        return None
+
+    def capture_round(self) -> contextlib.AbstractContextManager:
+        return self.transport.capture_round()
+
+    @contextlib.contextmanager
+    def replay_call(self, sig: CallSignature, captured: TokenRound, stream: int):
+        with self.signals.call(sig):  # the call's number and header; a failure faults
+            self.transport.before_replay(stream)
+            yield
+            self.transport.after_replay(captured, stream)
+
     def overlapped_calls(self) -> contextlib.AbstractContextManager:
         return self.transport.overlapped()
 
@@ -130,4 +166,4 @@ class TransportBackend(Backend):
         return self.transport.start_trace()
 
     def stop_trace(self) -> None:
-        self.transport.trace = None
+        self.transport.stop_trace()

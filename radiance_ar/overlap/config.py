@@ -37,6 +37,10 @@ class OverlapSettings:
     backend_settings: BackendSettings = field(default_factory=BackendSettings)
     #: RADIANCE_AR_OVERLAP_PLAN (radiance_ar/overlap/slicing.py); keyword-only, after the settings
     plan: str = field(default=envs.OVERLAP_PLANS[0], kw_only=True)
+    #: RADIANCE_AR_OP_GRAPHS, RADIANCE_AR_OP_GRAPHS_MAX (radiance_ar/overlap/graphs.py)
+    graphs: str = field(default=envs.KNOBS["RADIANCE_AR_OP_GRAPHS"].default, kw_only=True)
+    graphs_max: int = field(default=envs.KNOBS["RADIANCE_AR_OP_GRAPHS_MAX"].default,
+                            kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.plan, str) or not isinstance(self.backend_settings,
@@ -50,6 +54,11 @@ class OverlapSettings:
                                       or isinstance(self.slices, bool) or self.slices < 1):
             raise ValueError(f"OverlapSettings: slices {self.slices!r}: expected an int >= 1 "
                              "or 'auto'")
+        for name in ("graphs", "graphs_max"):
+            knob = envs.KNOBS[KNOB_OF[name]]
+            if not knob.accepts(getattr(self, name)):
+                raise ValueError(f"OverlapSettings: {name} {getattr(self, name)!r}: expected "
+                                 f"{knob.expected}")
 
 
 #: OverlapSettings field -> the knob it comes from (the backend knobs:
@@ -60,6 +69,8 @@ KNOB_OF = {
     "min_m": "RADIANCE_AR_OVERLAP_MIN_M",
     "slices": "RADIANCE_AR_OVERLAP_SLICES",
     "plan": "RADIANCE_AR_OVERLAP_PLAN",
+    "graphs": "RADIANCE_AR_OP_GRAPHS",
+    "graphs_max": "RADIANCE_AR_OP_GRAPHS_MAX",
 }
 
 

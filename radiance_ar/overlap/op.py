@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from radiance_ar.call_contract import CollectiveError
+from radiance_ar.call_contract import CallSignature, CollectiveError
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.overlap import producers
 from radiance_ar.overlap.pipeline import run_sliced
@@ -87,24 +87,39 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
             f"(M = {rows} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
             "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
             "choose a capture-safe backend")
-    out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-    prepared = prod.prepare(x, weight, weight_scale, rt.scratch)
     if not sliced:
+        out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
+        prepared = prod.prepare(x, weight, weight_scale, rt.scratch)
         prod.launch(prepared, 0, rows, out, current_stream_handle(x.device))
         with backend.vendor_call(out):
             rt.stock.all_reduce(out, out)
         return out
-    backend.call_key = (rows, x.shape[1])
-    try:
+    layer = rt.layer_number(weight)
+    backend.set_call_key(rows, x.shape[1], layer)
+    bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
+
+    def body(x_in: torch.Tensor, out: torch.Tensor) -> None:
+        """The sliced path: prepare, then GEMM slices pipelined with their ARs."""
+        prepared = prod.prepare(x_in, weight, weight_scale, rt.scratch)
         backend.ensure_capacity(rows, cols, out.dtype)
         y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
              else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
-        bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
         run_sliced(prepared, prod, backend, y, out, bounds, rt.lanes())
+
+    try:
+        graphs = rt.graphs()
+        if graphs is None:
+            out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
+            body(x, out)
+            return out
+        key = (rows, x.shape[1], cols, x.dtype, prod.name, weight.data_ptr(),
+               None if weight_scale is None else weight_scale.data_ptr(), tuple(bounds), layer)
+        sig = CallSignature(rows, cols, x.dtype, "flags", rows, x.shape[1], layer)
+        return graphs.call(key, lambda: (rt.scratch.growths, backend.generation), x,
+                           (rows, cols), sig, backend, body)
     except CollectiveError:
         _release_peer_in_vendor_call(rt)
         raise
-    return out
 
 
 def _release_peer_in_vendor_call(rt: OverlapRuntime) -> None:
@@ -117,7 +132,7 @@ def _release_peer_in_vendor_call(rt: OverlapRuntime) -> None:
         return
     nan = torch.full((sig.rows, sig.cols), float("nan"), dtype=sig.dtype, device=rt.world.device)
     rt.stock.all_reduce(nan, nan)
-    signals.vendor_calls += 1
+    signals.joined_vendor_call()
 
 
 @torch.library.custom_op("radiance::linear_ar", mutates_args=())

@@ -14,11 +14,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import torch
 
 from radiance_ar import backends
 from radiance_ar.backends.interface import Backend
 from radiance_ar.world import World
-from radiance_ar.overlap.config import OverlapSettings, from_env
+from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
+from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.overlap.lanes import Lanes
 from radiance_ar.overlap.scratch import ScratchPool
 
@@ -33,6 +35,35 @@ class OverlapRuntime:
     _stock: Backend | None = None
     _call_lock: threading.Lock = field(default_factory=threading.Lock)
     _call_thread: str | None = None
+    _graphs: GraphCache | None = None
+    #: weight address -> the layer's number (:meth:`register_layer`)
+    _layers: dict[int, int] = field(default_factory=dict)
+
+    def register_layer(self, weight: torch.Tensor) -> int:
+        """Number the layer whose weight (this rank's shard) is ``weight``: 1, 2, ... in
+        the order of registration, which every rank must share (the vLLM installer
+        registers layers in model order). Its calls' signatures carry the number, so a
+        rank that skipped a replayed op call meets a mismatch at the next layer."""
+        return self._layers.setdefault(weight.data_ptr(), len(self._layers) + 1)
+
+    def layer_number(self, weight: torch.Tensor) -> int:
+        """The number :meth:`register_layer` gave ``weight``'s layer (0: not registered)."""
+        return self._layers.get(weight.data_ptr(), 0)
+
+    def graph_reason(self) -> str | None:
+        """``None`` if the op replays captured sliced calls here, else why not."""
+        if self.settings.graphs == "off":
+            return "RADIANCE_AR_OP_GRAPHS=off"
+        return self.backend.replay_reason(forced=self.settings.graphs == "on")
+
+    def graphs(self) -> GraphCache | None:
+        """The op's captured sliced calls (:mod:`radiance_ar.overlap.graphs`), or None
+        where each call is enqueued step by step (:meth:`graph_reason`)."""
+        if self.graph_reason() is not None:
+            return None
+        if self._graphs is None:
+            self._graphs = GraphCache(self.world.device, self.settings.graphs_max)
+        return self._graphs
 
     @property
     def stock(self) -> Backend:
@@ -75,6 +106,8 @@ class OverlapRuntime:
         return self._lanes
 
     def close(self) -> None:
+        if self._graphs is not None:
+            self._graphs.clear()
         self.backend.close()
         if self._stock is not None and self._stock is not self.backend:
             self._stock.close()
@@ -128,7 +161,7 @@ PROCESS = ProcessRuntime()
 def build(world: World, settings: OverlapSettings | None = None) -> OverlapRuntime:
     """Collective: a runtime for ``world`` (settings default to the environment's); the
     backend is built with ``settings.backend_settings``."""
-    settings = from_env() if settings is None else settings
+    settings = from_env() if settings is None else reconcile(settings)
     backend = backends.get(settings.backend)(world, settings.backend_settings)
     return OverlapRuntime(world, settings, backend)
 

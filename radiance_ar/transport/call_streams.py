@@ -86,6 +86,7 @@ class CallStreams:
         self._unjoined: set[int] = set()  # streams whose last call the caller has not waited for
         self._done_after: int | None = None  # the stream whose last end the next done waits for
         self._current: int | None = None  # the handle of the call being enqueued
+        self._single = False  # every call on the caller's stream (:meth:`caller_only`)
 
     def handles(self) -> list[int]:
         """The raw handles of the call streams (made here if not yet)."""
@@ -99,7 +100,7 @@ class CallStreams:
     @contextlib.contextmanager
     def call(self, caller: int, footprint: Footprint) -> Iterator[int]:
         """One call: yields the handle its steps go on (``caller`` with one stream)."""
-        if self.count == 1:
+        if self.count == 1 or self._single:
             yield caller
             return
         self._make()
@@ -123,11 +124,35 @@ class CallStreams:
             else:
                 caller_stream.wait_event(self._end[i])
 
+    @contextlib.contextmanager
+    def caller_only(self) -> Iterator[None]:
+        """Every call inside runs on its caller's stream: while a graph is captured. With
+        W = 4 emulated ranks on one GPU and two call streams each, instantiating the
+        captured graph never returned (H200, CUDA 13.0: the capture of the second call
+        blocked at ``capture_end`` while a peer's replay waited on this rank; with one
+        stream, or W = 2, it did not), and inside a graph the calls' steps are not
+        host-bound, which is what two streams were for."""
+        self._single = True
+        try:
+            yield
+        finally:
+            self._single = False
+
+    def forget_calls(self) -> None:
+        """Around a graph capture, with every call joined to the caller: events recorded
+        while capturing belong to the graph, so take fresh ones, and let no later call
+        wait for a call made before (the caller's stream is ordered after all of them)."""
+        assert not self._depth and not self._unjoined, "calls still unjoined"
+        if self.count > 1:
+            self._in = [torch.cuda.Event() for _ in range(self.count)]
+            self._end = [torch.cuda.Event() for _ in range(self.count)]
+        self._last, self._next = None, 0
+
     def before_done(self, stream: int) -> None:
         """Enqueue on ``stream`` the wait that keeps ``done`` posts in call order: in a call
         of :meth:`call`, for the previous call's end where that ran on the other stream; on
         any other stream (a call not entered here), for every call not yet joined."""
-        if self.count == 1:
+        if self.count == 1 or self._single:
             return
         if stream == self._current:
             ends = [] if self._done_after is None else [self._done_after]

@@ -42,7 +42,10 @@ device synchronization in between (a first kernel load, a cudaFree) deadlocks: a
 backend loads its kernels in ``ensure_capacity``, which runs on every rank first.
 
 Epochs are host integers passed by value into the wait/write operations, so a captured
-CUDA graph would replay stale epochs: the backends built on this are not capture-safe.
+CUDA graph would replay stale epochs. A graph of whole op calls is captured in a token
+round instead (:meth:`CopyTransport.capture_round`, :mod:`radiance_ar.transport.tokens`):
+its flags are one-use tokens with fixed values, and its fences consume the done tokens
+of the calls before it in the same graph.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from radiance_ar.buffers import grown_size, refuse_growth_in_capture
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.publish_lane import PublishLane
 from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, Signals
+from radiance_ar.transport.tokens import TokenRound, inbox_bytes
 from radiance_ar.transport.trace import StepTrace, traced
 from radiance_ar.world import World
 
@@ -95,6 +99,8 @@ class CopyTransport:
             self.signals = (CpuSignals(flags, world.rank, size, timeout_ms, owner)
                             if platform(world.device) == "cpu" else
                             GpuSignals(flags, world.rank, size, timeout_ms, self.engine, owner))
+            if isinstance(self.signals, GpuSignals):
+                self.signals.attach_inbox(world.memory.allocate("sdma.inbox", inbox_bytes(size)))
         #: the peers in pull order: from the next rank on, so the W ranks do not all pull
         #: from rank 0 first
         self.peers = [(world.rank + k) % size for k in range(1, size)]
@@ -111,6 +117,9 @@ class CopyTransport:
         self._pending: list[tuple[int, int, int]] = []  # (epoch, lo, hi) peers may still read
         #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
         self.pulled_bytes = 0
+        #: resyncs so far: a captured op call of before a resync is captured again, on
+        #: every rank alike (ranks that failed a call may have seen different shapes)
+        self.resyncs = 0
         #: events around each step of a call (GPU; :meth:`start_trace`)
         self.trace: StepTrace | None = None
         #: where a default-stream caller's calls run (:meth:`call_stream`), made at the first
@@ -243,6 +252,12 @@ class CopyTransport:
         """Order ``stream`` after every peer read of ``pub`` bytes [lo, hi) still in flight."""
         if self.signals is None:
             return
+        rnd = getattr(self.signals, "round", None)
+        if rnd is not None:
+            hits = [k for k, a, b in rnd.pending if a < hi and lo < b]
+            rnd.pending = [x for x in rnd.pending if x[0] not in hits]
+            self._consume_done(rnd, hits, stream)
+            return
         hits = [ep for ep, a, b in self._pending if a < hi and lo < b]
         if len(self._pending) > MAX_PENDING:
             hits.append(self._pending[-1][0])
@@ -310,10 +325,58 @@ class CopyTransport:
     def finish(self, t: int, off: int, nbytes: int, stream: int) -> None:
         """End call ``t``, whose ``pub`` bytes [off, off + nbytes) peers may still read:
         keep them for the fence, join the publish lane, mark the call's end."""
-        self._pending.append((t, off, off + nbytes))
+        rnd = getattr(self.signals, "round", None)
+        if rnd is None:
+            self._pending.append((t, off, off + nbytes))
+        else:
+            rnd.pending.append((rnd.k, off, off + nbytes))
         if self.lane is not None:
             self.lane.join(self.engine.stream(stream))
         self.signals.end_call(stream)
+
+    # ------------------------------------------------------------------ captured op calls
+
+    @contextlib.contextmanager
+    def capture_round(self) -> Iterator[TokenRound]:
+        """While a graph of op calls is captured on the current stream: the calls inside
+        post and wait tokens (:mod:`radiance_ar.transport.tokens`); at the end of the block
+        every done token not yet consumed is, on the current stream (the graph ends after
+        every peer has read what it published). Host state (call numbers, pulled bytes,
+        call streams) is as before; the round holds what a replay adds
+        (:meth:`after_replay`)."""
+        signals = self.signals
+        if not isinstance(signals, GpuSignals):
+            raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
+        pulled = self.pulled_bytes
+        self.call_streams.forget_calls()
+        try:
+            with signals.capture_round() as rnd, self.call_streams.caller_only():
+                yield rnd
+                self._consume_done(rnd, sorted(rnd.unconsumed_done),
+                                   current_stream_handle(self.world.device))
+            rnd.pulled_bytes = self.pulled_bytes - pulled
+        finally:
+            self.pulled_bytes = pulled
+            self.call_streams.forget_calls()
+
+    def _consume_done(self, rnd: TokenRound, calls: list[int], stream: int) -> None:
+        for k in calls:
+            sig = rnd.unconsumed_done.pop(k)
+            for p in self.peers:
+                self.signals.wait_token(p, "done", k, sig, stream)
+
+    def before_replay(self, stream: int) -> None:
+        """Before a captured op call is launched on ``stream``: order it after every peer
+        read of an eager call before it (a graph fences only its own calls)."""
+        if self._pending:
+            self.fence(0, self.capacity, stream)
+            self._pending.clear()
+
+    def after_replay(self, rnd: TokenRound, stream: int) -> None:
+        """A graph captured in ``rnd`` was launched on ``stream``: count its bytes and
+        give its waits to the host-side bound (:meth:`check`)."""
+        self.pulled_bytes += rnd.pulled_bytes
+        self.signals.replayed(rnd.awaited, stream)
 
     def quiesce(self) -> None:
         """Before buffers are replaced: every peer read done, every enqueued call finished
@@ -349,7 +412,8 @@ class CopyTransport:
         if self.world.device.type == "cuda":
             torch.cuda.synchronize(self.world.device)
         self.signals.resync(self.world.memory.barrier)
-        self._pending.clear()  # every peer read before the jump is over (no call in flight)
+        self._pending.clear()
+        self.resyncs += 1  # every peer read before the jump is over (no call in flight)
 
     def start_trace(self) -> StepTrace | None:
         """GPU: trace the steps of the calls that follow (None elsewhere)."""
@@ -364,6 +428,15 @@ class CopyTransport:
             lanes[self.lane.handle] = "publish lane"
         self.trace = StepTrace(self.world.device, lanes)
         return self.trace
+
+    @property
+    def all_passive(self) -> bool:
+        """Whether every peer is passive (the timing mode of :meth:`fill_passive_peers`)."""
+        return self.signals is not None and self.signals.passive_peers() == set(self.peers)
+
+    def stop_trace(self) -> None:
+        """End what :meth:`start_trace` began."""
+        self.trace = None
 
     def fill_passive_peers(self, payload: torch.Tensor) -> None:
         """Timing mode: every OTHER rank becomes a passive peer that never calls. Its

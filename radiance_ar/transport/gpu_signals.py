@@ -10,15 +10,18 @@ timeout of its own; :meth:`GpuSignals.check` is the bound (see :mod:`radiance_ar
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
+from typing import Iterator
 
 import torch
 
-from radiance_ar.call_contract import (CollectiveMismatchError, PeerAbortedError,
-    PeerTimeoutError, device_tag)
+from radiance_ar.call_contract import (CallSignature, CollectiveMismatchError,
+    PeerAbortedError, PeerTimeoutError, device_tag)
 from radiance_ar.transport.copy_engine import MASK32, CopyEngine, dedicated_stream
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.signals import _HEADER, RING, SLOT_BYTES, Signals, _word
+from radiance_ar.transport.tokens import Awaited, Inbox, TokenRound, token_value
 
 
 class GpuSignals(Signals):
@@ -29,6 +32,11 @@ class GpuSignals(Signals):
     #: stream operations compare 32 bits on NVIDIA: the tag hashes epoch and signature
     #: together (a 64-bit host tag would lose its epoch half in a 32-bit write)
     _make_tag = staticmethod(device_tag)
+    #: token inboxes of replayed op calls (:meth:`attach_inbox`), the capture under way,
+    #: and the token waits of the graph replayed last (for :meth:`check`)
+    inbox: Inbox | None = None
+    round: TokenRound | None = None
+    _replayed: list[Awaited] = []
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
                  engine: CopyEngine, owner: str = "signals"):
@@ -40,12 +48,76 @@ class GpuSignals(Signals):
         # (peer, slot, epoch, value, what) of the waits enqueued since the last check
         self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
 
+    # ------------------------------------------------------------------ tokens (graphs)
+
+    def attach_inbox(self, buf: PeerBuffer) -> None:
+        """Give this rank the token inboxes of :mod:`radiance_ar.transport.tokens` (every
+        rank's, in ``buf``), zeroed."""
+        self.inbox = Inbox([buf.peer(r)[:buf.nbytes].view(torch.int64) for r in range(self.size)],
+                           [self.engine.device_address(buf.peer(r)) for r in range(self.size)],
+                           self.rank)
+        self.inbox.clear()
+
+    @contextlib.contextmanager
+    def capture_round(self) -> Iterator[TokenRound]:
+        """While a graph of op calls is captured: calls post and wait tokens, take no call
+        number and record no event (nothing runs now); host state is as before afterwards."""
+        assert self.inbox is not None and self.round is None
+        self.round = TokenRound()
+        try:
+            yield self.round
+        finally:
+            self.round = None
+
+    @contextlib.contextmanager
+    def call(self, sig: CallSignature) -> Iterator[int]:
+        if self.round is None:
+            with super().call(sig) as t:
+                yield t
+            return
+        self.round.begin(sig)
+        yield self.epoch
+
+    def post_token(self, kind: str, k: int, sig: CallSignature, stream: int) -> None:
+        """Post my token ``kind`` of call ``k`` into every peer's inbox."""
+        value = token_value(kind, k, sig)
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.engine.write_value(stream, self.inbox.address(peer, kind, self.rank, k),
+                                        value)
+
+    def wait_token(self, peer: int, kind: str, k: int, sig: CallSignature, stream: int) -> None:
+        """Later work of ``stream`` waits for ``peer``'s token, which it then consumes."""
+        if peer in self._passive:
+            return
+        value = token_value(kind, k, sig)
+        addr = self.inbox.address(self.rank, kind, peer, k)
+        self.engine.wait_value_eq(stream, addr, value)
+        self.engine.write_value(stream, addr, 0)
+        index = (addr - self.inbox.addresses[self.rank]) // SLOT_BYTES
+        self.round.awaited.append(Awaited(index, value, peer, kind, k, sig))
+
+    def replayed(self, awaited: list[Awaited], stream: int) -> None:
+        """A graph holding ``awaited`` was launched on ``stream``: :meth:`check` bounds it."""
+        self._replayed = awaited
+        self._awaited.clear()
+        self._record_end(stream)
+
     def post(self, slot: str, epoch: int, stream: int) -> None:
+        if self.round is not None:
+            if slot == "done":
+                self.round.unconsumed_done[self.round.k] = self.round.sig
+            self.post_token(slot, self.round.k, self.round.sig, stream)
+            return
         value = epoch if slot == "done" else self.tag(epoch)
         self.engine.write_value(stream, self._addr[self.rank] + _word(slot, epoch) * SLOT_BYTES,
                                 value)
 
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str = "a call") -> None:
+        if self.round is not None:
+            assert slot != "done", "token-mode fences consume done tokens (CopyTransport.fence)"
+            self.wait_token(peer, slot, self.round.k, self.round.sig, stream)
+            return
         if peer in self._passive or slot == "done":
             value = epoch
             addr = self._addr[peer] + _HEADER["done"] * SLOT_BYTES
@@ -79,6 +151,11 @@ class GpuSignals(Signals):
         return int(host[0])
 
     def end_call(self, stream: int) -> None:
+        if self.round is None:
+            self._replayed = []
+            self._record_end(stream)
+
+    def _record_end(self, stream: int) -> None:
         if len(self._events) < self.EVENT_RING:
             self._events.append(torch.cuda.Event())
         event = self._events[self.epoch % len(self._events)]
@@ -93,22 +170,28 @@ class GpuSignals(Signals):
         while not self._last_event.query():
             waited_ms = (time.monotonic() - start) * 1000.0
             if waited_ms > bound:
-                error = self._diagnose(waited_ms)
+                error = (self._diagnose_tokens(waited_ms) if self._replayed
+                         else self._diagnose(waited_ms))
                 self._drain()
                 self.fail(error)
                 raise error
             time.sleep(5e-5)
         self._awaited.clear()
+        self._replayed = []
 
     def release(self) -> None:
         """Write every value a wait enqueued since the last :meth:`check` awaits (host-visible
         flags only): no stream stays blocked, whatever the peers did (tests' clean-up)."""
         self._write_awaited(only_unsatisfied=False)
         self._awaited.clear()
+        self._replayed = []
 
     def _write_awaited(self, only_unsatisfied: bool) -> None:
         if not self._host_visible:
             return
+        for a in self._replayed:  # a consumed token reads 0 too: resync clears the inbox
+            if not (only_unsatisfied and self.inbox.read(a.index) == a.value):
+                self.inbox.write(a.index, a.value)
         # Later calls reuse ring slots: the earliest awaited value of a slot is written last.
         for peer, slot, epoch, value, _ in reversed(self._awaited):
             if not (only_unsatisfied and self._satisfied(peer, slot, epoch, value)):
@@ -129,6 +212,7 @@ class GpuSignals(Signals):
             self._write_awaited(only_unsatisfied=True)
             time.sleep(5e-4)
         self._awaited.clear()
+        self._replayed = []
 
     def _satisfied(self, peer: int, slot: str, epoch: int, value: int) -> bool:
         seen = self._read(peer, _word(slot, epoch))
@@ -164,3 +248,44 @@ class GpuSignals(Signals):
                 if len(stuck) > 1 else "")
         return PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what, waited_ms)
                                 + also + released)
+
+    def _diagnose_tokens(self, waited_ms: float) -> Exception:
+        """The error of a replayed op call that did not finish within the bound. A consumed
+        token reads 0 like one never posted, so the inbox tells only a peer that posted
+        ANOTHER call's token (a mismatch); otherwise the peers' headers (written per
+        replay) name the one behind."""
+        sig = self._replayed[0].sig
+        mine = f"rank {self.rank} is in call {self.epoch}: a replayed op call, {sig.describe()}"
+        released = (" The blocked stream was released by writing the awaited tokens (so the "
+                    "GPU is not left hung); results of that call are garbage."
+                    if self._host_visible else "")
+        for a in self._replayed:
+            seen = self.inbox.read(a.index)
+            if seen not in (None, 0, a.value):
+                return CollectiveMismatchError(
+                    f"{mine}; peer rank {a.peer}'s {a.kind!r} token for its call {a.k} of the "
+                    f"graph holds another call's value ({self._views(a.peer)}): every rank must "
+                    "make the same op calls, layer for layer; call resync() on every rank"
+                    + released)
+        for peer in sorted({a.peer for a in self._replayed}):
+            if self._host_visible and self._read(peer, _HEADER["abort"]):
+                return PeerAbortedError(self._aborted_message(peer, "a replayed op call")
+                                        + released)
+            epoch, theirs, _ = self.peer_header(peer)
+            if self._host_visible and (epoch != self.epoch or theirs != self._sig):
+                return PeerTimeoutError(
+                    f"{mine}; peer rank {peer} did not complete it within {waited_ms:.0f} ms "
+                    f"({self._views(peer)}): that rank is missing, late or in another call; "
+                    "call resync() on every rank" + released)
+        return PeerTimeoutError(
+            f"{mine}; it did not finish within {waited_ms:.0f} ms (RADIANCE_AR_SPIN_TIMEOUT_MS "
+            "sets the bound): a peer is missing or stuck; call resync() on every rank"
+            + released)
+
+    def resync(self, barrier) -> int:
+        top = super().resync(barrier)
+        if self.inbox is not None:
+            self.inbox.clear()
+            barrier()
+        return top
+

@@ -153,6 +153,15 @@ class Signals(abc.ABC):
         self._write_header(sig)
         self._np[self.rank][_HEADER["vendor"]] = self.vendor_calls
 
+    def joined_vendor_call(self) -> None:
+        """This rank joined, with NaN, a vendor call a peer announced and it never made
+        (:meth:`missed_vendor_call`): count it, so the counts agree again."""
+        self.vendor_calls += 1
+
+    def refuse_if_faulted(self) -> None:
+        """Raise if an earlier call failed on this rank (every call is refused until resync)."""
+        self.faults.refuse_if_faulted()
+
     def check_vendor_call(self) -> None:
         """After a vendor collective: raise if a peer gave up meanwhile (its abort word)."""
         if not self._host_visible:
@@ -236,6 +245,10 @@ class Signals(abc.ABC):
         word is raised to :data:`PASSIVE_EPOCH`, which a wait on it reads instead)."""
         self._passive.add(peer)
         self._words[peer][_HEADER["done"]] = PASSIVE_EPOCH
+
+    def passive_peers(self) -> set[int]:
+        """The peers made passive by :meth:`set_passive`."""
+        return set(self._passive)
 
     def end_call(self, stream: int) -> None:
         """Mark the end of one collective call on ``stream`` (GPU: for :meth:`check`)."""

@@ -1,0 +1,145 @@
+"""One launch per op call: the sliced path's device work captured once per shape, replayed.
+
+Enqueued from Python, an op call of S slices costs the host every step of every slice
+(GEMM launches, W-1 flag waits, copies, flag writes, codec or reduce launches): 1-3.4 ms
+per call on an H200 host at S = 4-8, more than the device time of the call. Here the
+first call of a shape runs as before (it sizes every buffer and loads every kernel), the
+second is captured into a CUDA graph and every later one replays it::
+
+    host : copy x -> x_static | replay graph | copy out_static -> out      (3 launches)
+    graph: prepare | GEMM slices (side) | ARs of the slices (caller, call streams, lane)
+           | the done tokens of every peer                                   (tokens.py)
+
+What a replay must keep, and how:
+
+- Flags: a graph's stream operations carry fixed values, so its calls use one-use
+  tokens (:mod:`radiance_ar.transport.tokens`), not the eager calls' numbered tags.
+  Each replay still takes a call number on the host and writes its header (the layer,
+  M, K, N), where peers' messages and the abort word read it, and its waits are bounded
+  by the backend's ``check`` like an eager call's.
+- Addresses: x and out are bound by copies into persistent buffers (``x_static``,
+  ``out_static``, one pair per shape and shared by the graphs of every layer of that
+  shape); the weight is the caller's tensor, which the key holds by address (a layer's
+  weight does not move). A buffer that grows (the backend's, the scratch pool's) moves:
+  every graph is then dropped (its generation is stale) and captured again.
+- Memory: graphs share one private pool; the cache holds at most
+  ``RADIANCE_AR_OP_GRAPHS_MAX`` graphs (least recently used goes first); :meth:`memory`
+  reports what it holds.
+
+No capture synchronizes the device (``torch.cuda.graph`` would): in a world of emulated
+ranks a peer's stream may be parked on this rank's next call, and a device-wide
+synchronize would wait for it forever.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import torch
+
+from radiance_ar.call_contract import CallSignature
+from radiance_ar.streams import current_stream_handle
+from radiance_ar.transport.copy_engine import dedicated_stream
+from radiance_ar.transport.tokens import TokenRound
+
+
+@dataclass
+class _Entry:
+    graph: torch.cuda.CUDAGraph
+    round: TokenRound
+    x: torch.Tensor  # the persistent input the graph reads
+    out: torch.Tensor  # the persistent output the graph writes
+    generation: Hashable
+
+
+class GraphCache:
+    """Captured op calls of one runtime, by key (see the module doc)."""
+
+    def __init__(self, device: torch.device, limit: int):
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"GraphCache: limit {limit!r}: expected an int >= 1")
+        self.device, self.limit = device, limit
+        self._entries: collections.OrderedDict[Hashable, _Entry] = collections.OrderedDict()
+        #: key -> the generation its eager warm-up call ran in (captured at the next call)
+        self._seen: dict[Hashable, Hashable] = {}
+        self._static: dict[tuple, torch.Tensor] = {}  # persistent x / out per shape
+        self._pool: Any = None
+        #: captures run here, never on the caller's stream, which may be the default one
+        #: (CUDA captures no legacy default stream); replays go on the caller's
+        self._capture_stream: torch.cuda.Stream | None = None
+        #: captures made and replays launched (reports; tests check the cache is used)
+        self.captures = 0
+        self.replays = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes the cache holds: persistent inputs and outputs, and graphs."""
+        return {"graphs": len(self._entries),
+                "static_bytes": sum(t.numel() * t.element_size() for t in self._static.values())}
+
+    def call(self, key: Hashable, generation: Callable[[], Hashable], x: torch.Tensor,
+             out_shape: tuple[int, int], sig: CallSignature, backend: Any,
+             body: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+        """``body(x, out)`` (the op's sliced path) for ``x``: eagerly the first time its
+        ``key`` is seen, captured the second, replayed after. ``generation()`` names the
+        buffers a graph bakes in (it is asked after the body ran, when they have grown);
+        ``sig`` is the op call's signature (its header per replay)."""
+        now = generation()
+        entry = self._entries.get(key)
+        if entry is not None and entry.generation != now:
+            self.clear()
+            entry = None
+        if entry is None and self._seen.get(key) != now:
+            out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+            body(x, out)
+            self._seen[key] = generation()
+            return out
+        if entry is None:
+            entry = self._capture(key, x, out_shape, backend, body, generation)
+        self._entries.move_to_end(key)
+        entry.x.copy_(x)
+        stream = current_stream_handle(self.device)
+        with backend.replay_call(sig, entry.round, stream):
+            entry.graph.replay()
+        self.replays += 1
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+        out.copy_(entry.out)
+        return out
+
+    def clear(self) -> None:
+        """Drop every graph (their buffers moved, or the runtime closes)."""
+        self._entries.clear()
+        self._seen.clear()
+
+    def _static_tensor(self, role: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+        key = (role, shape, dtype)
+        t = self._static.get(key)
+        if t is None:
+            t = self._static[key] = torch.empty(shape, dtype=dtype, device=self.device)
+        return t
+
+    def _capture(self, key: Hashable, x: torch.Tensor, out_shape: tuple[int, int],
+                 backend: Any, body: Callable, generation: Callable[[], Hashable]) -> _Entry:
+        if len(self._entries) >= self.limit:
+            self._entries.popitem(last=False)
+        x_static = self._static_tensor("x", tuple(x.shape), x.dtype)
+        out_static = self._static_tensor("out", out_shape, x.dtype)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+            self._capture_stream = dedicated_stream(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self._capture_stream):
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                with backend.capture_round() as rnd:
+                    body(x_static, out_static)
+            finally:
+                graph.capture_end()
+        self.captures += 1
+        entry = _Entry(graph, rnd, x_static, out_static, generation())
+        self._entries[key] = entry
+        return entry

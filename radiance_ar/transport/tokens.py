@@ -1,0 +1,124 @@
+"""Flags a replayed CUDA graph can carry: one-use tokens with fixed values.
+
+A captured graph replays its stream memory operations with the values they had at
+capture. The eager protocol's tags carry the call number (:mod:`radiance_ar.transport.signals`)
+and would repeat stale on a replay, so the calls of a captured op call use tokens
+instead, as NCCL's copy-engine collectives do:
+
+- every rank owns an INBOX of 32-bit words; sender p's token of kind ``ready``,
+  ``reduced`` or ``done`` for the k-th call of the graph lands in word (kind, p, k) of the
+  receiver's inbox;
+- the sender posts it with a stream write-value of a fixed value into the receiver's
+  inbox; the receiver's stream waits until its word equals that value, then writes 0
+  back: each token is consumed exactly once, so a later replay's wait cannot pass on an
+  earlier replay's token::
+
+    rank p : publish(k) | post ready(k) -> inbox_r       ... fence: wait done(k) in inbox_p, reset
+    rank r :          wait ready(k) in inbox_r, reset | pull p(k) | post done(k) -> inbox_p
+                                                                         |___________^
+
+Every token posted in a graph is consumed in the same graph: a reader posts done(k) to
+each peer after its last pull of call k, and the owner of the bytes consumes it in the
+fence of a later call over those bytes or, at the latest, at the graph's end. So a
+replay ends only once every peer has read what it published, leaves every inbox zero,
+and graphs of any shape may replay in any order, or between eager calls.
+
+The value hashes the kind, k and the call's signature (rows, columns, dtype, M, K and
+the layer's number): a peer in another layer or shape posts another value, the wait
+never passes, and the host-side bound (:meth:`GpuSignals.check
+<radiance_ar.transport.gpu_signals.GpuSignals.check>`) reports the mismatch. A replay
+carries no call number; a rank that skipped a whole op call pairs with its peers' next
+one, which is caught where the layer numbers differ (the vLLM installer numbers every
+layer, so consecutive calls always differ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radiance_ar.call_contract import CallSignature, device_tag
+
+#: calls one captured op call may hold: RADIANCE_AR_OVERLAP_SLICES' upper bound
+MAX_CALLS = 64
+KINDS = ("ready", "reduced", "done")
+WORD_BYTES = 8  # int64 words; stream operations write and compare the low 32 bits
+
+
+def inbox_bytes(world_size: int) -> int:
+    """Bytes of one rank's inbox."""
+    return len(KINDS) * world_size * MAX_CALLS * WORD_BYTES
+
+
+def word(kind: str, sender: int, k: int, world_size: int) -> int:
+    """The inbox word holding ``sender``'s token of ``kind`` for call ``k`` of a graph."""
+    assert 0 <= k < MAX_CALLS, k
+    return (KINDS.index(kind) * world_size + sender) * MAX_CALLS + k
+
+
+def token_value(kind: str, k: int, sig: CallSignature) -> int:
+    """The fixed value of a token: never 0 (a consumed word), distinct per kind and k."""
+    return device_tag(1 + KINDS.index(kind) * MAX_CALLS + k, sig)
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """One wait a graph holds: word ``index`` of this rank's inbox must reach ``value``."""
+    index: int
+    value: int
+    peer: int
+    kind: str
+    k: int
+    sig: CallSignature
+
+
+@dataclass
+class TokenRound:
+    """The bookkeeping of one capture (an op call's calls, numbered k = 0, 1, ...)."""
+    k: int = -1
+    sig: CallSignature | None = None
+    #: every token wait the graph holds, for the host-side bound and its message
+    awaited: list[Awaited] = field(default_factory=list)
+    #: calls whose done tokens every peer will post to this rank, not yet consumed
+    unconsumed_done: dict[int, CallSignature] = field(default_factory=dict)
+    #: (k, lo, hi): bytes of ``pub`` peers may still read for call k (the fence's entries)
+    pending: list[tuple[int, int, int]] = field(default_factory=list)
+    #: bytes the graph pulls per replay (the transport's cumulative count)
+    pulled_bytes: int = 0
+
+    def begin(self, sig: CallSignature) -> int:
+        """A new call of the graph; returns its k."""
+        self.k += 1
+        if self.k >= MAX_CALLS:
+            raise ValueError(f"a captured op call holds at most {MAX_CALLS} all-reduce calls")
+        self.sig = sig
+        return self.k
+
+
+class Inbox:
+    """One rank's view of every rank's inbox (see the module doc)."""
+
+    def __init__(self, words: list[torch.Tensor], addresses: list[int], rank: int):
+        #: every rank's inbox as int64 words (host memory in the emulated world)
+        self.words, self.addresses, self.rank = words, addresses, rank
+        self.size = len(words)
+        self._np = [w.numpy() for w in words] if not words[rank].is_cuda else None
+
+    def address(self, owner: int, kind: str, sender: int, k: int) -> int:
+        return self.addresses[owner] + word(kind, sender, k, self.size) * WORD_BYTES
+
+    def read(self, index: int) -> int | None:
+        """Word ``index`` of this rank's inbox as the host sees it (None: device memory)."""
+        return None if self._np is None else int(self._np[self.rank][index]) & 0xFFFFFFFF
+
+    def write(self, index: int, value: int) -> None:
+        """Host write into this rank's inbox (host-visible inboxes only)."""
+        if self._np is not None:
+            self._np[self.rank][index] = value
+
+    def clear(self) -> None:
+        """Zero this rank's inbox (no call in flight: resync, or before the first use)."""
+        self.words[self.rank].zero_()
+        if self.words[self.rank].is_cuda:
+            torch.cuda.synchronize(self.words[self.rank].device)

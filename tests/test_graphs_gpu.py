@@ -1,0 +1,91 @@
+"""The op's sliced path captured once per shape and replayed (radiance_ar.overlap.graphs),
+on emulated ranks of one GPU: results against float64 with new inputs at every call, the
+same bits on every rank, one capture per shape, memory flat, and the call contract: a
+rank in another layer (a skipped call) raises on every rank, which resync recovers."""
+
+import pytest
+import torch
+
+from radiance_ar import overlap
+import world_jobs
+from radiance_ar.call_contract import CollectiveError
+from radiance_ar.envs import BackendSettings
+from radiance_ar.harness.emulated import EmulatedRanks
+from radiance_ar.overlap.config import OverlapSettings
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda", 0)
+DT = torch.bfloat16
+BOUND = {"sdma": 2 ** -7, "sdma_wht6": 0.07}
+
+
+def build(ranks, backend, slices, schedule="auto", timeout_ms=1000.0):
+    # "on": auto declines emulated ranks with active peers (TransportBackend.replay_reason)
+    settings = OverlapSettings(True, backend, 1, slices,
+                               BackendSettings(sdma_schedule=schedule, spin_timeout_ms=timeout_ms),
+                               graphs="on")
+    return [overlap.build(w, settings) for w in ranks.worlds]
+
+
+@pytest.mark.parametrize("size,backend,schedule", [(2, "sdma", "oneshot"), (4, "sdma", "twoshot"),
+                                                   (2, "sdma_wht6", "auto"),
+                                                   (4, "sdma_wht6", "twoshot")])
+def test_replayed_calls_are_right_with_new_inputs_every_call(size, backend, schedule, release):
+    rows, cols, k = 384, 1024, 256
+    ranks = EmulatedRanks(size, DEV)
+    rts = build(ranks, backend, 4, schedule)
+    release.extend(rt.backend for rt in rts)
+    ranks.prepare(lambda r: rts[r].backend.ensure_capacity(rows, cols, DT))
+    weights = [world_jobs.device_shards(0, size, rows, cols, k, DEV)[r][1] for r in range(size)]
+    for rt, w in zip(rts, weights):
+        rt.register_layer(w)
+    for call in range(8):
+        seed = 10 + call
+        shards = world_jobs.device_shards(seed, size, rows, cols, k, DEV)
+        shards = [(x, w) for (x, _), w in zip(shards, weights)]
+        outs = world_jobs.emulated_forward(ranks, rts, shards, 5000)
+        ref = sum(x.double().cpu() @ w.double().cpu().t() for x, w in shards)
+        for r, out in enumerate(outs):
+            err = float((out.double().cpu() - ref).norm() / ref.norm())
+            assert err < BOUND[backend], (call, r, err)
+            assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16)), (call, r)
+        if call == 2:
+            memory = [torch.cuda.memory_allocated(DEV), [rt.graphs().memory() for rt in rts]]
+    assert [torch.cuda.memory_allocated(DEV), [rt.graphs().memory() for rt in rts]] == memory
+    for rt in rts:  # call 0 eager, call 1 captured and replayed, then replays only
+        assert (rt.graphs().captures, rt.graphs().replays) == (1, 7)
+    for rt in rts:
+        rt.close()
+
+
+def test_a_rank_in_another_layer_raises_on_every_rank_and_resync_recovers(release):
+    size, rows, cols, k = 2, 256, 512, 256
+    ranks = EmulatedRanks(size, DEV)
+    rts = build(ranks, "sdma", 2, "oneshot", timeout_ms=300.0)
+    release.extend(rt.backend for rt in rts)
+    ranks.prepare(lambda r: rts[r].backend.ensure_capacity(rows, cols, DT))
+    layers = [world_jobs.device_shards(seed, size, rows, cols, k, DEV) for seed in (1, 2)]
+    for rt, r in zip(rts, range(size)):
+        for shards in layers:
+            rt.register_layer(shards[r][1])
+    for _ in range(3):  # eager, captured, replayed: both layers in step
+        for shards in layers:
+            world_jobs.emulated_forward(ranks, rts, shards, 5000)
+    # rank 1 skips layer 1's call: it runs layer 2 while rank 0 runs layer 1
+    ranks.each(lambda r: overlap.forward(rts[r], *layers[r][r], None, "bf16"))
+    raised = []
+    for rt in rts:
+        with pytest.raises(CollectiveError) as info:
+            rt.backend.check()
+        raised.append(str(info.value))
+    assert any("layer" in m for m in raised), raised
+    torch.cuda.synchronize()
+    for rt in rts:
+        rt.backend.resync()
+    for seed, shards in enumerate(layers, start=1):
+        outs = world_jobs.emulated_forward(ranks, rts, shards, 5000)
+        ref = world_jobs.reference(seed, size, rows, cols, k)
+        for out in outs:
+            assert float((out.double().cpu() - ref).norm() / ref.norm()) < 2 ** -7
+    for rt in rts:
+        rt.close()

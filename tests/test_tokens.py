@@ -1,0 +1,62 @@
+"""The token layout of replayed op calls (radiance_ar.transport.tokens) and the gates that
+decide where the op replays (CPU: pure functions and the CPU world's refusal)."""
+
+import itertools
+
+import pytest
+import torch
+
+from radiance_ar import overlap
+from radiance_ar.call_contract import CallSignature
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.graphs import GraphCache
+from radiance_ar.transport import tokens
+from radiance_ar.world import single_world
+
+
+@pytest.mark.parametrize("size", [2, 3, 8])
+def test_every_token_has_its_own_word_inside_the_inbox(size):
+    words = [tokens.word(kind, sender, k, size)
+             for kind, sender, k in itertools.product(tokens.KINDS, range(size),
+                                                      range(tokens.MAX_CALLS))]
+    assert len(set(words)) == len(words)
+    assert min(words) == 0 and (max(words) + 1) * tokens.WORD_BYTES == tokens.inbox_bytes(size)
+
+
+def test_token_values_are_never_zero_and_tell_calls_apart():
+    sigs = [CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, layer)
+            for layer in (0, 1, 2)] + [CallSignature(97, 5120, torch.bfloat16)]
+    values = [tokens.token_value(kind, k, sig) for kind in tokens.KINDS for k in range(8)
+              for sig in sigs]
+    assert 0 not in values and len(set(values)) == len(values)
+
+
+def test_a_signature_keeps_its_layer_through_the_header_words():
+    sig = CallSignature(96, 5120, torch.float16, "flags", 384, 4352, layer=1234)
+    assert CallSignature.from_words(sig.words()) == sig
+    assert "layer 1234" in sig.describe()
+
+
+def test_a_graph_holds_at_most_max_calls():
+    rnd = tokens.TokenRound()
+    sig = CallSignature(1, 1, torch.bfloat16)
+    for k in range(tokens.MAX_CALLS):
+        assert rnd.begin(sig) == k
+    with pytest.raises(ValueError, match="at most 64"):
+        rnd.begin(sig)
+
+
+def test_cpu_worlds_enqueue_each_call_and_say_why():
+    rt = overlap.build(single_world("cpu"), OverlapSettings(True, "sdma", 1, 2))
+    assert rt.graph_reason() == "one rank: the op's all-reduce is a copy"
+    assert rt.graphs() is None
+    w = torch.ones(4, 8)
+    assert (rt.register_layer(w), rt.register_layer(torch.ones(4, 8)), rt.register_layer(w)) \
+        == (1, 2, 1)
+    assert rt.layer_number(w) == 1 and rt.layer_number(torch.ones(1)) == 0
+    rt.close()
+
+
+def test_graph_cache_limit_is_checked():
+    with pytest.raises(ValueError, match="limit 0"):
+        GraphCache(torch.device("cpu"), 0)
