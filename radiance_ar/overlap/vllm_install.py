@@ -251,8 +251,12 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
     chosen = plan(layers, report.tp_size, report)
     if chosen:
         _configure_on_tp_group(settings)
+    from radiance_ar.overlap.runtime import PROCESS
     for name, layer, route_ in chosen:
         route(layer, route_, name)
+        # numbered in model order, the same on every rank: each call's signature carries
+        # its layer's number, so a rank that skipped a call meets a mismatch at the next
+        PROCESS.current().register_layer(getattr(layer, OPERANDS_ATTR)(layer)[0])
         report.routed.append(name)
         report.producers[name] = route_.producer
     logger.info(report.summary())
