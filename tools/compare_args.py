@@ -12,6 +12,7 @@ import os
 from radiance_ar import backends
 from radiance_ar.envs import OVERLAP_PLANS
 from radiance_ar.overlap import producers  # importing overlap registers every producer
+import baseline
 import producer_inputs
 
 #: committed results live here; a run writes here only when --out-dir names it
@@ -100,6 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="JSON path; default OUT_DIR/compare.json")
     p.add_argument("--no-png", action="store_true",
                    help="skip the PNGs (no matplotlib needed); default off")
+    p.add_argument("--baseline", default=None,
+                   help="the arm every row is also compared with (column 'vs base'), as "
+                        "BACKEND or BACKEND:S; default: stock unsliced where a vendor "
+                        "collective exists (torchrun, CPU), oneshot_wht6 unsliced in the "
+                        "emulated world (tools/baseline.py)")
     p.add_argument("--timeline", action="store_true",
                    help="GPU worlds: record one op call's per-slice GEMM and AR events per "
                         "case (OUT_DIR/timeline.json, timeline_<backend>_M<M>_S<S>.png); "
@@ -130,6 +136,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for plan in args.plans:
         if plan not in OVERLAP_PLANS:
             p.error(f"--plans: {plan!r}: expected one of {', '.join(OVERLAP_PLANS)}")
+    if args.baseline is not None:
+        try:
+            args.baseline = baseline.parse_arm(args.baseline)
+        except ValueError as e:
+            p.error(str(e))
     names = backends.names()
     args.backends = names if args.backends is None else [b for b in args.backends.split(",") if b]
     for b in args.backends:

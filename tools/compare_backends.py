@@ -34,6 +34,7 @@ from radiance_ar import backends  # noqa: E402
 from radiance_ar import envs  # noqa: E402
 from radiance_ar.envs import OVERLAP_PLANS  # noqa: E402
 from radiance_ar.world import World  # noqa: E402
+import baseline  # noqa: E402
 from compare_args import DEFAULTS, QUICK, parse_args  # noqa: E402
 import gpu_timing  # noqa: E402
 import producer_inputs  # noqa: E402
@@ -44,7 +45,9 @@ from world_measure import Case, measure  # noqa: E402
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 
 
-def cases(args: argparse.Namespace, device: str) -> list[Case]:
+def cases(args: argparse.Namespace, device: str, world_kind: str | None = None) -> list[Case]:
+    """Every case the options name; with ``world_kind``, also the baseline arm's case at
+    each M (``args.baseline``, else that world's default: tools/baseline.py)."""
     base = dict(DEFAULTS[device])
     if args.quick:
         base.update(QUICK[device])
@@ -62,7 +65,16 @@ def cases(args: argparse.Namespace, device: str) -> list[Case]:
                     out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
                                     producer=args.producer, plan=plan,
                                     timeline=args.timeline and device == "gpu"))
+    if world_kind is not None and out:
+        out = baseline.with_arm(out, arm_of(args, world_kind)[0])
     return out
+
+
+def arm_of(args: argparse.Namespace, world_kind: str) -> tuple[tuple[str, int], str]:
+    """The baseline arm of this run and why it is the base."""
+    if args.baseline is not None:
+        return args.baseline, "given by --baseline"
+    return baseline.default_arm(world_kind)
 
 
 def header(kind: str, label: str, size: int, device: str) -> dict:
@@ -82,7 +94,7 @@ def gate_reason(name: str, world) -> str | None:
 def run_cpu(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     from radiance_ar.harness.cpu_world import CpuWorldPool
 
-    todo = cases(args, "cpu")
+    todo = cases(args, "cpu", "cpu-shm")
     hdr = header("cpu-shm", f"CPU, {args.world} processes (gloo + shared memory)", args.world,
                  platform.processor() or platform.machine())
     print_header(hdr)
@@ -150,6 +162,9 @@ def baseline_of(hdr: dict) -> str:
 def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     cpu = hdr["world"] == "cpu-shm"
     hdr["producer"] = args.producer
+    arm, why = arm_of(args, hdr["world"])
+    hdr["vs_base"] = f"{baseline.label(arm)} ({why})"
+    baseline.add_vs_base(records, arm)
     if cpu:
         records[:] = [report.without_timings(r) for r in records]
     print(report.table([r for r in records if "skipped" not in r],
@@ -163,6 +178,8 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
                   f"ranks: {r['identical_on_ranks']} -- not timed")
     if hdr.get("baseline"):
         print(f"note: {hdr['baseline']}; every figure is 1 GPU, {hdr['W']} emulated ranks.")
+    if not cpu:
+        print(f"note: vs base = the op time of {hdr['vs_base']} over each row's, at the same M")
     if cpu:
         print(f"note: a CPU world checks every backend's result on every rank; timings are "
               f"{report.CPU_TIMING_NOTE}.")
@@ -230,7 +247,7 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
     if world.rank == 0:
         print_header(hdr)
         run_probe(args, hdr)
-    records = [run_case(world, case) for case in cases(args, "gpu")]
+    records = [run_case(world, case) for case in cases(args, "gpu", world.kind)]
     dist.destroy_process_group()
     return (hdr, records) if world.rank == 0 else None
 
@@ -246,7 +263,7 @@ def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     print_header(hdr)
     run_probe(args, hdr)
     probe_world = emulated_worlds(args.world, device)[0]
-    todo = cases(args, "gpu")
+    todo = cases(args, "gpu", "gpu-emulated")
     records = []
     for i, case in enumerate(todo, 1):
         print(f"[{i}/{len(todo)}] {case.label()} ...",

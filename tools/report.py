@@ -20,6 +20,7 @@ COLUMNS: Sequence[tuple[str, str, str]] = (
     ("serial ms", "t_serial_ms", "{:.3f}"), ("ovl ms", "t_ovl_ms", "{:.3f}"),
     ("bound ms", "bound_ms", "{:.3f}"), ("eff", "efficiency", "{:.2f}"),
     ("speedup", "speedup", "{:.2f}x"), ("ideal", "speedup_bound", "{:.2f}x"),
+    ("vs base", "vs_base", "{:.2f}x"),
     ("hidden", "hidden", "{:.2f}"),
     ("contention", "contention", "contention"), ("slice us", "slice_overhead_us", "{:.1f}"),
     ("wire MiB", "wire_bytes", "mib"), ("bus GB/s", "bus_gbs", "{:.1f}"),
@@ -82,7 +83,7 @@ ACCURACY_COLUMNS = tuple(c for c in COLUMNS
 #: record keys that are timings or derived from them
 TIMING_KEYS = ("bound_ms", "efficiency", "speedup", "speedup_bound", "hidden", "contention",
                "contention_spread", "contention_max", "contention_reps", "slice_overhead_us",
-               "bus_gbs", "link_gbs", "link_efficiency")
+               "bus_gbs", "link_gbs", "link_efficiency", "vs_base")
 CPU_TIMING_NOTE = ("not a performance measurement: CPU ranks share the machine's cores and "
                    "have no streams, so timings, speedup and contention are measured on GPU "
                    "worlds only")

@@ -1,0 +1,79 @@
+"""One baseline for every row of a comparison (column ``vs base``).
+
+Each row's ``speedup`` is against that backend's OWN serial run (GEMM, then its unsliced
+AR), so rows of different backends cannot be compared by it. ``vs base`` compares every
+row's overlapped op time with ONE arm's, at the same M and producer::
+
+    vs_base = t_ovl_ms(baseline arm, M) / t_ovl_ms(row)        # > 1: faster than the base
+
+The arm is ``backend:S`` (``--baseline``). By default: ``stock`` unsliced where a vendor
+collective exists (torchrun and CPU worlds); in the emulated world, which has none, the
+spin-wait ``oneshot_wht6`` unsliced, the deployment this project replaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from radiance_ar import backends
+
+#: world kind -> (backend, slices) of the default arm, and why it is the base
+DEFAULTS = {
+    "gpu-emulated": (("oneshot_wht6", 1), "the spin-wait AR this project replaces, unsliced: "
+                                          "emulated ranks have no vendor collective"),
+    "cpu-shm": (("stock", 1), "the vendor collective, unsliced"),
+    "gpu-symm": (("stock", 1), "the vendor collective, unsliced"),
+}
+
+
+def parse_arm(text: str) -> tuple[str, int]:
+    """``backend`` or ``backend:S`` (S an int >= 1; 1 by default) -> (canonical name, S);
+    ``ValueError`` naming what is wrong."""
+    name, _, slices = text.partition(":")
+    try:
+        cls = backends.get(name.strip())
+    except ValueError as e:
+        raise ValueError(f"--baseline {text!r}: {e}") from None
+    s = slices.strip() or "1"
+    if not (s.isascii() and s.isdigit() and int(s) >= 1):
+        raise ValueError(f"--baseline {text!r}: slices {s!r}: expected an integer >= 1")
+    return cls.name, int(s) if cls.pipelined else 1
+
+
+def default_arm(world_kind: str) -> tuple[tuple[str, int], str]:
+    """The default arm of ``world_kind`` and why it is the base (a world with a vendor
+    collective: ``stock``)."""
+    return DEFAULTS.get(world_kind, DEFAULTS["gpu-symm"])
+
+
+def label(arm: tuple[str, int]) -> str:
+    name, slices = arm
+    return f"{name} {'unsliced' if slices == 1 else f'S={slices}'}"
+
+
+def with_arm(cases: list, arm: tuple[str, int]) -> list:
+    """``cases`` plus the arm's case at every M (and producer) that lacks it: the arm is
+    measured once per M like any other row (``cases``: tools/world_measure.Case)."""
+    name, slices = arm
+    have = {(c.rows, c.producer) for c in cases
+            if c.backend == name and c.slices == slices and c.plan == cases[0].plan}
+    extra = []
+    for c in cases:
+        key = (c.rows, c.producer)
+        if key not in have:
+            have.add(key)
+            extra.append(dataclasses.replace(c, backend=name, slices=slices, timeline=False,
+                                             plan=cases[0].plan, seed=c.rows + slices))
+    return cases + extra
+
+
+def add_vs_base(records: Iterable[dict], arm: tuple[str, int]) -> None:
+    """Set ``vs_base`` on every record: the arm's ``t_ovl_ms`` at the same M and producer
+    over the record's (None where either was not timed, e.g. CPU worlds)."""
+    records = list(records)
+    base = {(r["M"], r.get("producer")): r.get("t_ovl_ms") for r in records
+            if (r.get("backend"), r.get("slices")) == arm and "skipped" not in r}
+    for r in records:
+        ref, own = base.get((r.get("M"), r.get("producer"))), r.get("t_ovl_ms")
+        r["vs_base"] = ref / own if ref and own else None
