@@ -32,8 +32,8 @@ def stream_object(handle: int, device: torch.device) -> torch.cuda.Stream:
     it, make it current, wait on it). Handle 0 is the default stream, and
     ``torch.cuda.ExternalStream(0)`` is NOT that stream: torch reads a zero pointer as
     "none given" and hands out a new stream from its pool, so events recorded there run
-    ahead of the default stream's work (seen on an H200: step-trace events fired as the
-    host enqueued them, ahead of a sleep on the default stream)."""
+    ahead of the default stream's work (on an H200, step-trace events recorded there fire
+    as the host enqueues them, ahead of a sleep on the default stream)."""
     if handle == 0:
         return torch.cuda.default_stream(device)
     return torch.cuda.ExternalStream(handle, device=device)

@@ -41,7 +41,7 @@ class _SymmMemAllReduce(Backend):
             return (f"torch symmetric-memory all-reduce needs one GPU per process under "
                     f"torchrun; this world is {world.label}")
         if world.size < 2:
-            # torch raises "Not implemented for world_size=1" (seen with torch 2.11, H200)
+            # torch raises "Not implemented for world_size=1" (torch 2.11, H200)
             return "torch symmetric-memory all-reduce needs world size >= 2"
         return None
 

@@ -141,7 +141,7 @@ class TransportBackend(Backend):
             return "a step trace is recording (it times each step as it is enqueued)"
         if self.world.kind == "gpu-emulated" and not forced and not self.transport.all_passive:
             # One host thread drives every rank: a capture made while a peer's replay is
-            # parked on this rank's flags blocked for good in capture_end (H200, W = 4,
+            # parked on this rank's flags blocks for good in capture_end (H200, W = 4,
             # CUDA 13.0, tools/results/2026-12-04-h200-graphs/). Timing with passive peers
             # parks no stream; a process per GPU only waits for its peers.
             return ("emulated ranks with active peers (one process: a capture can block "

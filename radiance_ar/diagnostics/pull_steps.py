@@ -1,15 +1,15 @@
 """Device time of one two-shot slice's pulls, enqueued in different orders (NVIDIA).
 
 An sdma two-shot slice at W = 4 pulls three shards (one per peer, each behind a stream
-wait on that peer's flag), reduces, then pulls three reduced shards the same way. The
-timelines of 2026-12-03 showed each wait plus the gaps around it at 6-10 us of device
+wait on that peer's flag), reduces, then pulls three reduced shards the same way. Step
+timelines (H200, 2026-12-03) put each wait plus the gaps around it at 6-10 us of device
 time, and 2.5 MiB pulls at 42-48 GB/s where back-to-back copies reach 52: this times the
 transfer part of a slice (no reduce, no GEMM) in each order the transport could use,
 with pinned host memory as the peers' buffers (the emulated world) and every flag
 already up (the timing mode's passive peers):
 
 - ``copies``: the six copies back to back, no waits (the floor);
-- ``wait,copy x6``: the transport's order until now (wait for a peer, pull it, next);
+- ``wait,copy x6``: the transport's order (wait for a peer, pull it, next);
 - ``waits,copies``: per phase, the three waits, then the three copies;
 - ``batched waits``: per phase, ONE ``cuStreamBatchMemOp`` holding the three waits;
 - ``peer streams``: per phase, each peer's wait and copy on its own stream, joined by

@@ -2,8 +2,8 @@
 
 Triton launches accept any object with ``data_ptr()`` and ``dtype``; a pinned host
 tensor passed by address is device-accessible under unified virtual addressing, so a
-kernel can load from and store to it across PCIe (seen on the H200: a Triton kernel
-read pinned host memory at 50 GB/s with correct results).
+kernel can load from and store to it across PCIe (on the H200 a Triton kernel reads
+pinned host memory at 50 GB/s with correct results).
 """
 
 from __future__ import annotations

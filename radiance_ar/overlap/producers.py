@@ -93,10 +93,11 @@ def _check_fp8_weight(name: str, weight: torch.Tensor, dtypes: tuple[torch.dtype
 class ScaledMMRowwise(Producer):
     name = "fp8_rowwise"
     needs_weight_scale = True
-    # On the H200 a 333-row slice of a 1000-row call failed in cuBLASLt with
-    # CUBLAS_STATUS_NOT_SUPPORTED (the whole call and 16-row-aligned slices ran). The likely
-    # cause: cuBLASLt fp8 wants 16-byte aligned operands, and a slice of the fp32 per-token
-    # scales is aligned only at multiples of 4 rows; 16 also keeps fp8 rows tile-aligned.
+    # Slices start on multiples of 16 rows: on the H200 cuBLASLt fails a 333-row slice of
+    # a 1000-row call with CUBLAS_STATUS_NOT_SUPPORTED (the whole call and 16-row-aligned
+    # slices run). The likely cause: cuBLASLt fp8 wants 16-byte aligned operands, and a
+    # slice of the fp32 per-token scales is aligned only at multiples of 4 rows; 16 also
+    # keeps fp8 rows tile-aligned.
     slice_row_align = 16
 
     def check(self, x, weight, weight_scale):

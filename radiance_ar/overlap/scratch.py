@@ -1,9 +1,10 @@
 """Persistent, grow-only scratch buffers, one per (device, name).
 
-Why: in the deployment this project comes from, a first pipeline allocated GEMM outputs
-and AR results on a side stream; the deferred frees of torch's record-stream mechanism
-piled up across 64 layers into more than 1 GiB of dead reserved memory and warm-up ran
-out of memory. Here every cross-stream tensor is a view of one of these buffers,
+Why: tensors allocated on a side stream and used across streams are freed late by
+torch's record-stream mechanism, and those deferred frees pile up (GEMM outputs and AR
+results across 64 layers: more than 1 GiB of dead reserved memory, enough for warm-up
+to run out of memory, in the deployment this project comes from; docs/history.md).
+Here every cross-stream tensor is a view of one of these buffers,
 allocated on the caller's stream and never freed, so after warm-up the allocator sees
 nothing at all.
 """

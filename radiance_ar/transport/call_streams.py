@@ -29,7 +29,7 @@ Rules, each for a reason:
   ``done`` posted off the call streams waits for every call not yet joined.
 
 With ``count`` 1 (``RADIANCE_AR_SDMA_CALL_STREAMS=1``) every call runs on the caller's
-stream, as before this module existed. Streams are dedicated (never torch's pool: see
+stream: one chain, no cross-stream events. Streams are dedicated (never torch's pool: see
 :func:`radiance_ar.transport.copy_engine.dedicated_stream`), made when the transport first grows its
 buffers, before any call can park a stream.
 """
@@ -126,12 +126,12 @@ class CallStreams:
 
     @contextlib.contextmanager
     def caller_only(self) -> Iterator[None]:
-        """Every call inside runs on its caller's stream: while a graph is captured. With
-        W = 4 emulated ranks on one GPU and two call streams each, instantiating the
-        captured graph never returned (H200, CUDA 13.0: the capture of the second call
-        blocked at ``capture_end`` while a peer's replay waited on this rank; with one
-        stream, or W = 2, it did not), and inside a graph the calls' steps are not
-        host-bound, which is what two streams were for."""
+        """Every call inside runs on its caller's stream: while a graph is captured. Two
+        call streams per rank can block a capture for good: with W = 4 emulated ranks on
+        one GPU the capture of the second call blocks at ``capture_end`` while a peer's
+        replay waits on this rank (H200, CUDA 13.0; with one stream, or W = 2, it
+        completes). Inside a graph the calls' steps are not host-bound, so the second
+        stream, which exists to hide host-bound gaps, gains nothing there."""
         self._single = True
         try:
             yield

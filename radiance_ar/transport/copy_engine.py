@@ -20,7 +20,7 @@ CPU               ``memmove`` (shared-memory files)       (host spin: see radian
 Why these calls: a same-device D2D ``hipMemcpy`` is a blit kernel on CUs unless its kind
 is NoCU (as reported by earlier work on ROCm); H2D/D2H copies from pinned memory run on
 the copy engines and complete while every SM is held (:mod:`radiance_ar.diagnostics.cu_free_check`;
-what was seen on an H200 is in docs/history.md); a stream wait-value is executed by the
+its H200 results are in docs/history.md); a stream wait-value is executed by the
 GPU's front end, so a stream waits for a peer's flag without any spinning kernel.
 
 The bindings are imported at the first call, so this module imports everywhere; a
@@ -82,7 +82,7 @@ def _cuda() -> tuple[Any, Any]:
 class _CudaCalls:
     """The bound entry points and enum values of the per-step calls, resolved once: an
     sdma slice makes about 25 of these calls, and an import statement plus three enum
-    lookups per call was a measurable share of its host time (radiance_ar.diagnostics.host_cost)."""
+    lookups per call is a measurable share of its host time (radiance_ar.diagnostics.host_cost)."""
     memcpy: Any
     memcpy_default: Any
     write32: Any
@@ -214,8 +214,8 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
     priority) round robin, so the 33rd stream made is the first one again. Emulated
     ranks keep several persistent streams each (their own, the publish lane, the
     transport's), and two ranks' streams that alias serialize one rank's work behind
-    another's wait on a flag it has not posted yet: a deadlock (seen on the H200 in
-    ``test_emulated_ranks_through_the_op`` once the transport held one more stream).
+    another's wait on a flag it has not posted yet: a deadlock (on the H200, with pool
+    streams, ``test_emulated_ranks_through_the_op[4-twoshot]`` times out: docs/history.md).
 
     The returned object owns the handle: keep it (not only its ``cuda_stream`` integer)
     for as long as work is enqueued on the stream, and free what was allocated while it
@@ -250,9 +250,9 @@ def dedicated_stream(device: torch.device) -> torch.cuda.Stream:
 def _owning_stream_class(external: type) -> type:
     """The subclass of ``external`` (``torch.cuda.ExternalStream``) whose objects destroy
     their stream when collected. A ``__del__``, not ``weakref.finalize``: torch's CUDA
-    stream deallocator never clears the object's weak references, so the callback never
-    ran and the interpreter's last collection wrote through the dangling reference: the
-    segmentation fault at exit of the GPU test processes (H200, torch 2.11, under cuda-gdb:
+    stream deallocator never clears the object's weak references, so such a callback never
+    runs and the interpreter's last collection writes through the dangling reference: a
+    segmentation fault at process exit (H200, torch 2.11, under cuda-gdb:
     tools/results/2026-12-03-h200-exit-crash/)."""
 
     class OwningStream(external):
@@ -371,14 +371,14 @@ class CopyEngine:
     def stream(self, handle: int) -> torch.cuda.Stream:
         """A torch stream object for a raw stream handle (GPU), made once per handle:
         ``torch.cuda.current_stream`` builds a new object per call, a few microseconds
-        that a call of the transport paid at every event it recorded."""
+        for every event a call of the transport records."""
         found = self._streams.get(handle)
         if found is None:
             found = self._streams[handle] = stream_object(handle, self.device)
         return found
 
     # The stream memory operations are bound per platform at construction (below): a
-    # call makes about 25 of them, and a dispatch layer per step was host time.
+    # call makes about 25 of them, and a dispatch layer per step would be host time.
     def _bind_signal_ops(self) -> None:
         if self.platform == "cuda":
             self.write_value = cuda_write_value

@@ -175,8 +175,8 @@ class CopyTransport:
     def call_stream(self) -> Iterator[int]:
         """The raw handle a call's steps are enqueued on: the caller's current stream,
         except the default stream (handle 0). A stream operation of the CUDA Python
-        bindings given handle 0 was seen NOT to wait for work on torch's default stream
-        (H200: a flag write behind a 10 ms sleep landed within 2 ms;
+        bindings given handle 0 does NOT wait for work on torch's default stream
+        (H200: a flag write behind a 10 ms sleep lands within 2 ms;
         tools/results/2026-12-03-h200-pm-final/stream_check.log), so a call from the default
         stream runs on this rank's own stream instead, made current for the kernels launched
         inside, ordered after the caller's work so far and the caller's later work after it

@@ -70,9 +70,9 @@ payload makes that block of the sum NaN.
 Error (``python tools/bench_codec.py``: 1024x5120 bf16 per rank, W = 2, 4, 8 summed by
 decode_accumulate vs a float64 sum), as a ratio to the relative RMS error of the
 QuickReduce INT6 baseline (``baseline_int6.py``): 0.98 Gaussian, 0.58 Student-t(3), 0.33
-outlier channels, 0.98-0.99 outlier tokens. The variants tried before this format, with
-their measured errors, and the Student-t target it does not meet are in docs/history.md
-('The wht6 codec: what was tried').
+outlier channels, 0.98-0.99 outlier tokens. The alternative formats this one was
+measured against, with their errors, and the Student-t target it does not meet are in
+docs/history.md ('The wht6 codec: what was tried').
 """
 import torch
 

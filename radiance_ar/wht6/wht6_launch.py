@@ -36,8 +36,8 @@ CANDIDATES = ((64, 2), (128, 4), (256, 8), (32, 1), (256, 4), (512, 8))
 ENCODE = {2: (32, 1), 4: (128, 4)}
 #: decode-accumulate: by the largest payload count of a class (1, 2, 4, 8); (32, 1) was
 #: the fastest for W = 2, 4 and 8 in the same sweep (0.66 / 0.59 / 0.54 of a D2D copy
-#: against 0.57 / 0.53 / 0.49 for (128, 4)), and again with the register-gathered levels
-#: (0.73 / 0.66 / 0.62 against at most 0.50 / 0.47 / 0.47 for (64, 1), (64, 2) and
+#: against 0.57 / 0.53 / 0.49 for (128, 4)), and with the register-gathered levels the
+#: decode uses (0.73 / 0.66 / 0.62 against at most 0.50 / 0.47 / 0.47 for (64, 1), (64, 2) and
 #: (128, 4): tools/results/2026-12-03-h200-codec-variants/); W = 1 (decode) follows W = 2.
 DECODE = {1: (32, 1), 2: (32, 1), 4: (32, 1), 8: (32, 1)}
 #: the fused one-shot all-reduce: one tile of T sub-blocks at a time per CTA

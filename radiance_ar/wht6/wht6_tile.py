@@ -15,8 +15,8 @@ contiguous bf16 is one 16-byte vector, and Triton's coalesced layout for it puts
 whole [T, 8] row in one thread, so each thread holds whole sub-blocks: the rotation,
 the sub-block maxima, the code packing and the dequantization run in its registers
 (no shared memory), and only block maxima and records cross 8 neighbouring lanes.
-(The previous kernels rotated on tensor cores: the layout changes and shuffles around
-the dot made encode 117 SASS instructions per value, here 23.4: ``radiance_ar.diagnostics.sass_count``,
+(Why not tensor cores: the layout changes and shuffles around a rotation by ``tl.dot``
+cost encode 117 SASS instructions per value, against 23.4 here: ``radiance_ar.diagnostics.sass_count``,
 an offline sm_90 compile of the path every program runs.)
 
 Rotation: H32 = H4 (over a) (x) H8 (over the 8 columns of x_a): three butterfly stages

@@ -5,7 +5,7 @@ Decode: each value is levels[code] * s_g with levels = ``reference.signed_levels
 HEADROOM)`` (the reference's products, bit for bit): the 32 magnitudes are loaded once
 into registers and picked per value with ``tl.gather``, the sign bit is ORed in (a
 negative level is the exact negation of its magnitude). Gathering from registers
-instead of a global-memory table read per value made decode-accumulate W = 2/4/8
+rather than reading a global-memory table per value makes decode-accumulate W = 2/4/8
 0.73/0.66/0.62 of a D2D copy against 0.67/0.60/0.55 (one H200, 2026-12-03, bits
 unchanged; tools/results/2026-12-03-h200-codec-variants/), summed
 over payloads in order in fp32, then x = H32 acc * 8 rounded once to the output dtype.
