@@ -22,6 +22,7 @@ import torch
 from radiance_ar import backends  # noqa: E402
 import gpu_timing  # noqa: E402
 from radiance_ar import envs  # noqa: E402
+from radiance_ar.overlap.plan import input_view  # noqa: E402
 from radiance_ar.transport.copy_engine import CopyEngine  # noqa: E402
 from radiance_ar.world import emulated_worlds  # noqa: E402
 
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         ar = backends.get(name)(world)
         ar.ensure_capacity(args.m, args.n, torch.bfloat16)
         ar.fill_passive_peers()
-        ar_in = (ar.acquire_input_view(args.m, args.n, torch.bfloat16) if ar.peer_visible_input
-                 else slice_dev)
+        ar_in = input_view(ar, args.m, args.n, torch.bfloat16, lambda: slice_dev)
         parts.append((f"{name} all-reduce", lambda i, ar=ar, ar_in=ar_in: ar.all_reduce(ar_in, y)))
     alone, _ = gpu_timing.median_ms(gpu_timing.event_times(gemm, args.reps, 3))
     print(f"1 GPU, {args.world} emulated ranks; GEMM {args.m}x{args.k}x{args.n} alone {alone:.3f} ms")

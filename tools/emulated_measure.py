@@ -30,6 +30,7 @@ from radiance_ar.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
+from radiance_ar.overlap.plan import input_view
 from radiance_ar.overlap.scratch import ScratchPool
 from world_measure import Case, shard, slice_plan, slice_schedule, time_calls
 
@@ -96,8 +97,7 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     for r in (rt, serial_rt):
         r.backend.ensure_capacity(case.rows, case.cols, y.dtype)
         r.backend.fill_passive_peers()
-    ar_in = (backend.acquire_input_view(case.rows, case.cols, y.dtype) if backend.peer_visible_input
-             else torch.randn_like(y))
+    ar_in = input_view(backend, case.rows, case.cols, y.dtype, lambda: torch.randn_like(y))
     ar_out = torch.empty_like(y)
 
     gemm = producer_inputs.gemm_alone(ops, y, ScratchPool(), xs)

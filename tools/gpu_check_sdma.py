@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from radiance_ar import envs  # noqa: E402
 from radiance_ar.transport.copy_engine import CopyEngine  # noqa: E402
 from radiance_ar.backends.sdma import SdmaBackend  # noqa: E402
+from radiance_ar.overlap.plan import input_view  # noqa: E402
 from radiance_ar.transport.signals import PASSIVE_EPOCH  # noqa: E402
 from radiance_ar.world import emulated_worlds  # noqa: E402
 from radiance_ar.diagnostics import cu_free_check  # noqa: E402
@@ -106,7 +107,7 @@ def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
                              settings.replace(sdma_schedule=schedule))
             be.ensure_capacity(rows, cols, torch.bfloat16)
             be.fill_passive_peers()
-            y = be.acquire_input_view(rows, cols, torch.bfloat16)
+            y = input_view(be, rows, cols, torch.bfloat16)
             y.normal_()
             res = torch.empty_like(y)
             before = be.pulled_bytes
@@ -127,7 +128,7 @@ def timing(rows: int = 8192, cols: int = 5120, k: int = 4352) -> list[dict]:
     be = SdmaBackend(emulated_worlds(4, DEV)[0], settings.replace(sdma_schedule="oneshot"))
     be.ensure_capacity(rows, cols, torch.bfloat16)
     be.fill_passive_peers()
-    y = be.acquire_input_view(rows, cols, torch.bfloat16)
+    y = input_view(be, rows, cols, torch.bfloat16)
     y.normal_()
     side = torch.cuda.Stream(DEV)
     torch.cuda.synchronize()

@@ -21,7 +21,7 @@ from radiance_ar.call_contract import CollectiveError
 from radiance_ar.backends.interface import Backend
 from radiance_ar.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
-from radiance_ar.overlap.slicing import slice_bounds
+from radiance_ar.overlap.plan import row_bounds
 from prefill_measure import (Spec, add_figures, gate_reason, off_arm_parts, op_of, settings,
                              time_prefill, verdict)
 from prefill_stack import DTYPE, ShardModel, prefill_steps, run_alone, run_lockstep
@@ -102,17 +102,28 @@ def _verify_emulated(spec: Spec, models, chunks, name: str, device) -> tuple[dic
             rt.close()
 
 
+def op_slice_rows(spec: Spec, model: ShardModel) -> set[int]:
+    """The row counts of every GEMM slice the on arms' op calls cut the chunks into:
+    each backend's settings (:func:`prefill_measure.settings`) and the producer's row
+    alignment, through the op's own bounds (``plan.row_bounds``)."""
+    sizes = set()
+    for name in spec.backends:
+        on = settings(spec, name, spec.slices)
+        for rows in set(spec.chunk_rows):
+            bounds = row_bounds(model.producer, rows, on.slices, on.plan, backends.get(name))
+            sizes.update(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    return sizes
+
+
 def warm_local_kernels(spec: Spec, model: ShardModel, chunks) -> None:
     """Run every rank-local kernel shape once on the default stream (the stack with a
-    local GEMM in place of the op, and the GEMM of every slice the op will cut), so no
-    first use can synchronize the device while an emulated rank's stream waits."""
+    local GEMM in place of the op, and the GEMM of every slice the op will cut:
+    :func:`op_slice_rows`), so no first use can synchronize the device while an
+    emulated rank's stream waits."""
     run_alone(prefill_steps(model, chunks, model.gemm))
-    for rows in set(spec.chunk_rows):
-        bounds = slice_bounds(rows, spec.slices)
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            for w in (model.layers[0].o_proj, model.layers[0].down_proj):
-                model.gemm(torch.zeros(b - a, w.weight.shape[1], dtype=DTYPE,
-                                       device=model.device), w)
+    for rows in sorted(op_slice_rows(spec, model)):
+        for w in (model.layers[0].o_proj, model.layers[0].down_proj):
+            model.gemm(torch.zeros(rows, w.weight.shape[1], dtype=DTYPE, device=model.device), w)
     torch.cuda.synchronize()
 
 

@@ -48,6 +48,7 @@ from radiance_ar.world import World
 from model_shapes import RankShapes
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
+from radiance_ar.overlap.plan import input_view
 from prefill_stack import (COMPONENTS, DTYPE, ShardModel, activation_step, make_chunks,
                            prefill_steps, run_alone)
 from world_measure import digest
@@ -186,12 +187,10 @@ def off_arm_parts(spec: Spec, model: ShardModel, backend, before=None) -> dict:
     hidden, device = spec.shapes.hidden, model.device
     per_rows = {}
     for rows in sorted(set(spec.chunk_rows)):
-        if backend.peer_visible_input:
-            backend.ensure_capacity(rows, hidden, DTYPE)
-            ar_in = backend.acquire_input_view(rows, hidden, DTYPE)
-            ar_in.normal_()
-        else:
-            ar_in = torch.randn(rows, hidden, dtype=DTYPE, device=device)
+        # torch.randn is torch.empty then normal_: the same values either way
+        ar_in = input_view(backend, rows, hidden, DTYPE,
+                           lambda: torch.empty(rows, hidden, dtype=DTYPE, device=device))
+        ar_in.normal_()
         ar_out = torch.empty(rows, hidden, dtype=DTYPE, device=device)
         t = {"ar": gpu_timing.device_and_host_ms(lambda i: backend.all_reduce(ar_in, ar_out),
                                                  spec.reps, spec.warmup, before)[0]}

@@ -3,9 +3,10 @@
 :func:`record` runs one call of the op's sliced pipeline on a runtime with device events
 around each GEMM slice on the side stream and around each slice's AR on the caller's
 stream, so the Gantt chart shows where the AR lane waits for the GEMM (the pipeline
-fill, a GEMM slower than an AR slice) and where the ARs run back to back. It repeats
-the steps of ``radiance_ar.overlap.op._forward`` and ``radiance_ar.overlap.pipeline.run_sliced`` (kept in step
-by hand: change them together) because the op has no hooks for events.
+fill, a GEMM slower than an AR slice) and where the ARs run back to back. The call is
+the op's own: planned and run by :class:`radiance_ar.overlap.plan.CallPlan` as
+``radiance::linear_ar`` runs it (eagerly, not a replayed graph), the events recorded by
+its :class:`~radiance_ar.overlap.plan.SliceHooks`.
 
 Where the backend traces its steps (:meth:`radiance_ar.backends.interface.Backend.start_trace`:
 sdma and sdma_wht6), every wait, copy (per peer and phase), publish and kernel of each
@@ -32,9 +33,8 @@ import gpu_timing
 import report
 from radiance_ar.envs import OVERLAP_PLANS
 from radiance_ar.overlap.op import check_inputs
-from radiance_ar.overlap.pipeline import reduce_slices
+from radiance_ar.overlap.plan import CallPlan, SliceHooks
 from radiance_ar.overlap.runtime import OverlapRuntime
-from radiance_ar.overlap.slicing import op_bounds
 
 GEMM_LANE = "GEMM (side stream)"
 AR_LANE = "AR (each slice call: input ready to last step)"
@@ -65,72 +65,44 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
     prod = check_inputs(x, weight, None, producer)
     device = x.device
     spans: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event, float]] = []
+    started: dict[tuple[str, int], tuple[torch.cuda.Event, float]] = {}
 
-    def begin() -> tuple[torch.cuda.Event, float]:
-        return _event(), time.perf_counter()
+    def starts(lane: str):
+        def hook(s: int) -> None:
+            # On the stream current in the hook: the side stream for a sliced GEMM, the
+            # caller's for an AR. An AR's start is recorded after its wait for GEMM s:
+            # when its input is ready; its end, where the call's steps run on streams of
+            # their own (radiance_ar.transport.call_streams), is its last step's (below).
+            started[lane, s] = _event(), time.perf_counter()
+            started[lane, s][0].record()
+            if lane == AR_LANE and trace is not None:
+                trace.slice = s
+        return hook
 
+    def ends(lane: str):
+        def hook(s: int) -> None:
+            stop = _event()
+            stop.record()
+            start, host = started.pop((lane, s))
+            spans.append((lane, s, start, stop, host))
+        return hook
+
+    hooks = SliceHooks(starts(GEMM_LANE), ends(GEMM_LANE), starts(AR_LANE), ends(AR_LANE))
     torch.cuda.synchronize(device)  # an idle device: the origin, then the lead, run at once
     with rt.one_call_at_a_time():
-        rows, cols = x.shape[0], weight.shape[0]
         backend = rt.backend
-        sliced = rows >= rt.settings.min_m and backend.pipelined
-        trace = backend.start_trace() if sliced else None
+        plan = CallPlan.for_call(rt, prod, x, weight)
+        trace = backend.start_trace() if plan.sliced else None
         origin, begun = _event(), _event()
         origin.record()
         host_origin = time.perf_counter()
         gpu_timing.device_lead(lead_ms)
         begun.record()
-        out = torch.empty((rows, cols), dtype=x.dtype, device=device)
-        prepared = prod.prepare(x, weight, None, rt.scratch)
-        if not sliced:
-            (g0, hg), g1 = begin(), _event()
-            g0.record()
-            prod.launch(prepared, 0, rows, out, torch.cuda.current_stream(device).cuda_stream)
-            g1.record()
-            (a0, ha), a1 = begin(), _event()
-            a0.record()
-            with backend.vendor_call(out):
-                rt.stock.all_reduce(out, out)
-            a1.record()
-            spans = [(GEMM_LANE, 0, g0, g1, hg), (AR_LANE, 0, a0, a1, ha)]
-        else:
-            backend.set_call_key(rows, x.shape[1])
-            backend.ensure_capacity(rows, cols, out.dtype)
-            y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
-                 else rt.scratch.get("gemm_out", (rows, cols), out.dtype, device))
-            bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
-            lanes = rt.lanes()
-            lanes.side_waits_for_caller()
-            with lanes.on_side():
-                for s in range(len(bounds) - 1):
-                    a, b = bounds[s], bounds[s + 1]
-                    (start, host), end = begin(), _event()
-                    start.record(lanes.side)
-                    prod.launch(prepared, a, b, y[a:b], lanes.side_handle)
-                    end.record(lanes.side)
-                    lanes.mark_side(s)
-                    spans.append((GEMM_LANE, s, start, end, host))
-            started: dict[int, tuple[torch.cuda.Event, float]] = {}
-
-            def before(s: int) -> None:
-                lanes.caller_waits(s)
-                # Recorded after the wait: the AR lane's start is when its input is ready;
-                # its end, where the call's steps run on streams of their own
-                # (radiance_ar.transport.call_streams), is its last step's (below).
-                started[s] = begin()
-                started[s][0].record()
-                if trace is not None:
-                    trace.slice = s
-
-            def after(s: int) -> None:
-                end = _event()
-                end.record()
-                start, host = started.pop(s)
-                spans.append((AR_LANE, s, start, end, host))
-
-            try:
-                reduce_slices(backend, y, out, bounds, before, after)  # as the op calls them
-            finally:
+        out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=device)
+        try:
+            plan.run(rt, prod, x, weight, None, out, hooks)
+        finally:
+            if plan.sliced:
                 backend.stop_trace()
     torch.cuda.synchronize(device)
     events = [{"lane": lane, "slice": s, "start_ms": origin.elapsed_time(start),
@@ -147,7 +119,7 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
     for e in events:
         for k in ("start_ms", "end_ms", "host_ms"):
             e[k] -= slept
-    return ("sliced" if sliced else "unsliced"), events
+    return ("sliced" if plan.sliced else "unsliced"), events
 
 
 def lane_spans(events: Sequence[dict], lane: str) -> list[dict]:

@@ -35,8 +35,8 @@ from radiance_ar.overlap import producers
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
 from radiance_ar.overlap.pipeline import reduce_slices
+from radiance_ar.overlap.plan import input_view, row_bounds
 from radiance_ar.overlap.scratch import ScratchPool
-from radiance_ar.overlap.slicing import slice_bounds
 
 
 @dataclass
@@ -128,10 +128,9 @@ def measure(world: World, case: Case) -> dict:
 
 
 def slice_plan(case: Case, slices: int) -> list[int]:
-    """The op's row bounds for ``case`` cut into ``slices`` (the producer's alignment,
-    the case's plan)."""
-    return slice_bounds(case.rows, slices, producers.get(case.producer).slice_row_align,
-                        case.plan)
+    """The op's row bounds for ``case`` cut into ``slices`` (``plan.row_bounds``: the
+    producer's alignment, the case's plan)."""
+    return row_bounds(producers.get(case.producer), case.rows, slices, case.plan)
 
 
 def slice_schedule(backend, case: Case, slices: int, dtype: torch.dtype) -> str | None:
@@ -168,10 +167,7 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
 
     y = torch.empty_like(out)
     ar_out = torch.empty_like(out)
-    ar_in = torch.empty_like(out)
-    if backend.peer_visible_input:
-        backend.ensure_capacity(case.rows, case.cols, out.dtype)
-        ar_in = backend.acquire_input_view(case.rows, case.cols, out.dtype)
+    ar_in = input_view(backend, case.rows, case.cols, out.dtype, lambda: torch.empty_like(out))
     ar_in.copy_(out)
 
     gemm = producer_inputs.gemm_alone(ops, y, ScratchPool())

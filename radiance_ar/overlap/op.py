@@ -14,6 +14,9 @@ project comes from measured ~30% of decode lost to such graph breaks). Inside:
   CUDA graphs.
 - otherwise: the sliced pipeline of :mod:`radiance_ar.overlap.pipeline` with the chosen backend.
 
+Both arms are planned and run by :class:`radiance_ar.overlap.plan.CallPlan`, which the
+timeline and the measurement tools use too, so they measure the op's own calls.
+
 The op is collective and ordered: every rank makes the same calls in the same order.
 The backends check that on every call (:mod:`radiance_ar.call_contract`) and raise on
 every rank that sees a late, missing or mismatched peer; one runtime serves one call
@@ -28,12 +31,10 @@ from typing import Optional
 import torch
 
 from radiance_ar.call_contract import CallSignature, CollectiveError
-from radiance_ar.streams import current_stream_handle
 from radiance_ar.overlap import producers
-from radiance_ar.overlap.pipeline import run_sliced
+from radiance_ar.overlap.plan import CallPlan
 from radiance_ar.overlap.producers import Producer
 from radiance_ar.overlap.runtime import OverlapRuntime, current
-from radiance_ar.overlap.slicing import op_bounds
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -76,35 +77,17 @@ def forward(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
 
 def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.Tensor,
              weight_scale: Optional[torch.Tensor]) -> torch.Tensor:
-    rows, cols = x.shape[0], weight.shape[0]
-    backend = rt.backend
-    sliced = rows >= rt.settings.min_m and backend.pipelined
-    if sliced and x.is_cuda and torch.cuda.is_current_stream_capturing() \
-            and not backend.capture_safe:
-        raise RuntimeError(
-            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (its call "
-            f"numbers are host integers a graph replay would repeat), so its sliced path "
-            f"(M = {rows} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
-            "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
-            "choose a capture-safe backend")
-    if not sliced:
+    plan = CallPlan.for_call(rt, prod, x, weight)
+    rows, cols = plan.rows, plan.cols
+    if not plan.sliced:
         out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-        prepared = prod.prepare(x, weight, weight_scale, rt.scratch)
-        prod.launch(prepared, 0, rows, out, current_stream_handle(x.device))
-        with backend.vendor_call(out):
-            rt.stock.all_reduce(out, out)
+        plan.run(rt, prod, x, weight, weight_scale, out)
         return out
-    layer = rt.layer_number(weight)
-    backend.set_call_key(rows, x.shape[1], layer)
-    bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
+    backend = rt.backend
 
     def body(x_in: torch.Tensor, out: torch.Tensor) -> None:
         """The sliced path: prepare, then GEMM slices pipelined with their ARs."""
-        prepared = prod.prepare(x_in, weight, weight_scale, rt.scratch)
-        backend.ensure_capacity(rows, cols, out.dtype)
-        y = (backend.acquire_input_view(rows, cols, out.dtype) if backend.peer_visible_input
-             else rt.scratch.get("gemm_out", (rows, cols), out.dtype, x.device))
-        run_sliced(prepared, prod, backend, y, out, bounds, rt.lanes())
+        plan.run(rt, prod, x_in, weight, weight_scale, out)
 
     try:
         graphs = rt.graphs()
@@ -112,9 +95,10 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
             out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
             body(x, out)
             return out
-        key = (rows, x.shape[1], cols, x.dtype, prod.name, weight.data_ptr(),
-               None if weight_scale is None else weight_scale.data_ptr(), tuple(bounds), layer)
-        sig = CallSignature(rows, cols, x.dtype, "flags", rows, x.shape[1], layer)
+        key = (rows, plan.k, cols, x.dtype, prod.name, weight.data_ptr(),
+               None if weight_scale is None else weight_scale.data_ptr(), plan.bounds,
+               plan.layer)
+        sig = CallSignature(rows, cols, x.dtype, "flags", rows, plan.k, plan.layer)
         return graphs.call(key, lambda: (rt.scratch.growths, backend.generation), x,
                            (rows, cols), sig, backend, body)
     except CollectiveError:

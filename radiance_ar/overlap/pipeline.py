@@ -33,7 +33,8 @@ On the CPU the lanes are no-ops and the same code runs in program order.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -42,28 +43,61 @@ from radiance_ar.overlap.lanes import Lanes
 from radiance_ar.overlap.producers import Prepared, Producer
 
 
+def _nothing(s: int) -> None:
+    """The hook that does nothing."""
+
+
+@dataclass(frozen=True)
+class SliceHooks:
+    """Calls around each slice's GEMM and AR, given the slice's index ``s``.
+
+    ``gemm_before(s)`` / ``gemm_after(s)`` run just before and after GEMM slice s is
+    enqueued, with the stream that runs it current (the side stream); ``ar_before(s)``
+    runs on the caller's stream once it waits for GEMM s, just before AR slice s is
+    enqueued, ``ar_after(s)`` just after. They change nothing the op computes."""
+
+    gemm_before: Callable[[int], None] = _nothing
+    gemm_after: Callable[[int], None] = _nothing
+    ar_before: Callable[[int], None] = _nothing
+    ar_after: Callable[[int], None] = _nothing
+
+
 def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torch.Tensor,
-               out: torch.Tensor, bounds: list[int], lanes: Lanes) -> None:
-    """Pipeline ``len(bounds) - 1`` slices: GEMM rows into ``y``, AR them into ``out``."""
+               out: torch.Tensor, bounds: Sequence[int], lanes: Lanes,
+               hooks: SliceHooks | None = None) -> None:
+    """Pipeline ``len(bounds) - 1`` slices: GEMM rows into ``y``, AR them into ``out``;
+    ``hooks`` around each slice's GEMM and AR (:class:`SliceHooks`)."""
     assert y.shape == out.shape and bounds[0] == 0 and bounds[-1] == out.shape[0]
     slices = len(bounds) - 1
     lanes.side_waits_for_caller()
     with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
         for s in range(slices):
             a, b = bounds[s], bounds[s + 1]
+            if hooks is not None:
+                hooks.gemm_before(s)
             producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
+            if hooks is not None:
+                hooks.gemm_after(s)
             lanes.mark_side(s)
-    reduce_slices(backend, y, out, bounds, before=lanes.caller_waits)
+    if hooks is None:
+        reduce_slices(backend, y, out, bounds, before=lanes.caller_waits)
+        return
+
+    def before(s: int) -> None:
+        lanes.caller_waits(s)
+        hooks.ar_before(s)
+
+    reduce_slices(backend, y, out, bounds, before, hooks.ar_after)
 
 
-def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: list[int],
+def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: Sequence[int],
                   before: Callable[[int], None] | None = None,
                   after: Callable[[int], None] | None = None) -> None:
     """``out[b_s:b_s+1] = sum over ranks of y[b_s:b_s+1]`` for every slice s, one
     ``all_reduce`` each, as the op calls them: inside ``backend.overlapped_calls()``, so
     slice s+1's AR may start before slice s's ends and the current stream is ordered
     after all of them on return. ``before(s)`` / ``after(s)`` run around slice s's call
-    (the op: the wait for GEMM s; the timeline: its events)."""
+    (the op: the wait for GEMM s, then its ``SliceHooks.ar_before`` / ``ar_after``)."""
     with backend.overlapped_calls():
         for s in range(len(bounds) - 1):
             a, b = bounds[s], bounds[s + 1]
