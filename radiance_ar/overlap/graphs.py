@@ -57,6 +57,10 @@ class _Entry:
 class GraphCache:
     """Captured op calls of one runtime, by key (see the module doc)."""
 
+    #: keys remembered as warmed up, per graph the cache may hold (oldest forgotten first:
+    #: a forgotten key runs eagerly once more, on every rank alike)
+    SEEN_PER_GRAPH = 4
+
     def __init__(self, device: torch.device, limit: int):
         if not isinstance(limit, int) or limit < 1:
             raise ValueError(f"GraphCache: limit {limit!r}: expected an int >= 1")
@@ -96,7 +100,10 @@ class GraphCache:
         if entry is None and self._seen.get(key) != now:
             out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
             body(x, out)
+            self._seen.pop(key, None)
             self._seen[key] = generation()
+            while len(self._seen) > self.SEEN_PER_GRAPH * self.limit:  # oldest first
+                self._seen.pop(next(iter(self._seen)))
             return out
         if entry is None:
             entry = self._capture(key, x, out_shape, backend, body, generation)
@@ -114,6 +121,16 @@ class GraphCache:
         """Drop every graph (their buffers moved, or the runtime closes)."""
         self._entries.clear()
         self._seen.clear()
+        self._static.clear()
+
+    def _evict_oldest(self) -> None:
+        """Drop the least recently used graph, and the persistent tensors of a shape no
+        graph left uses: memory stays bounded however many M values come."""
+        self._entries.popitem(last=False)
+        used = {(role, tuple(t.shape), t.dtype) for e in self._entries.values()
+                for role, t in (("x", e.x), ("out", e.out))}
+        for key in [k for k in self._static if k not in used]:
+            del self._static[key]
 
     def _static_tensor(self, role: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
         key = (role, shape, dtype)
@@ -125,7 +142,7 @@ class GraphCache:
     def _capture(self, key: Hashable, x: torch.Tensor, out_shape: tuple[int, int],
                  backend: Any, body: Callable, generation: Callable[[], Hashable]) -> _Entry:
         if len(self._entries) >= self.limit:
-            self._entries.popitem(last=False)
+            self._evict_oldest()
         x_static = self._static_tensor("x", tuple(x.shape), x.dtype)
         out_static = self._static_tensor("out", out_shape, x.dtype)
         if self._pool is None:
