@@ -3,7 +3,7 @@
 Enqueued from Python, an op call of S slices costs the host every step of every slice
 (GEMM launches, W-1 flag waits, copies, flag writes, codec or reduce launches): 1-3.4 ms
 per call on an H200 host at S = 4-8, more than the device time of the call. Here the
-first call of a shape runs as before (it sizes every buffer and loads every kernel), the
+first call of a shape runs step by step (it sizes every buffer and loads every kernel), the
 second is captured into a CUDA graph and every later one replays it::
 
     host : copy x -> x_static | replay graph | copy out_static -> out      (3 launches)

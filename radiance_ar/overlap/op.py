@@ -12,7 +12,10 @@ project comes from measured ~30% of decode lost to such graph breaks). Inside:
 - M < RADIANCE_AR_OVERLAP_MIN_M, or backend ``stock``: GEMM, then the vendor
   all-reduce in place. No stream or event API: this arm runs inside decode's captured
   CUDA graphs.
-- otherwise: the sliced pipeline of :mod:`radiance_ar.overlap.pipeline` with the chosen backend.
+- otherwise: the sliced pipeline of :mod:`radiance_ar.overlap.pipeline` with the chosen
+  backend; where the runtime replays (``RADIANCE_AR_OP_GRAPHS``), the first call of a
+  shape runs it step by step, the second captures it, later ones replay it with one
+  launch (:mod:`radiance_ar.overlap.graphs`).
 
 Both arms are planned and run by :class:`radiance_ar.overlap.plan.CallPlan`, which the
 timeline and the measurement tools use too, so they measure the op's own calls.

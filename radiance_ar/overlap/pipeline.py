@@ -20,13 +20,13 @@ persistent buffers cross streams)::
   side-stream use of ``x``, the scales and ``y``: freeing per-call tensors is safe and no
   record-stream bookkeeping is needed. Nothing is allocated on ``side``.
 
-Host order: every GEMM slice is enqueued before the first AR. Interleaving them (each
-GEMM one slice ahead of its AR, so that AR(0) is not held back by S - 2 GEMM launches)
-was tried and reverted: in the emulated world (W ranks driven by one host thread) a GEMM
+Host order: every GEMM slice is enqueued before the first AR, not each GEMM one slice
+ahead of its AR. In the emulated world (W ranks driven by one host thread) a GEMM
 launched after a rank's AR can be the first use of a kernel module, whose load waits for
-the device, while that rank's AR waits for a peer the host has not reached: the
-oneshot_wht6 op test then timed out on an H200 (tools/results/2026-12-03-h200-codec-host/),
-and the host-time gain itself was not measurable there.
+the device while that rank's AR waits for a peer the host has not reached: interleaved,
+the oneshot_wht6 op test timed out on an H200 (tools/results/2026-12-03-h200-codec-host/),
+and the host time it would save was not measurable there. Replayed op calls
+(:mod:`radiance_ar.overlap.graphs`) pay no per-launch host time at all.
 
 On the CPU the lanes are no-ops and the same code runs in program order.
 """
