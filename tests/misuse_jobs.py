@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from radiance_ar import overlap
 from radiance_ar.envs import BackendSettings
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings
 from world_jobs import reference, rel_rms, shard
 

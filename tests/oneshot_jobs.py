@@ -20,7 +20,7 @@ from radiance_ar import overlap
 import world_jobs
 from radiance_ar import wht6
 from radiance_ar.backends.oneshot_wht6 import OneshotWht6Backend
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.slicing import slice_bounds
 

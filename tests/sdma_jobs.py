@@ -18,7 +18,7 @@ from radiance_ar import overlap
 import world_jobs
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.sdma import SdmaBackend
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.slicing import slice_bounds
 

@@ -20,7 +20,7 @@ from radiance_ar.backends import sdma_schedule
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.sdma_wht6 import SdmaWht6Backend
 from radiance_ar.wht6 import reference as codec
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.slicing import slice_bounds
 

@@ -7,7 +7,7 @@ import torch
 from radiance_ar import backends
 from radiance_ar import overlap
 import world_jobs
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings
 
 

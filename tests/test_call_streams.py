@@ -176,7 +176,7 @@ def test_the_reuse_fence_keeps_its_entries_when_it_ran_on_a_call_stream():
 
 def test_emulated_ranks_get_two_call_streams_only_within_the_hardware_queues():
     from radiance_ar.backends.transport_backend import emulated_streams_reason
-    from radiance_ar.world import World
+    from radiance_ar.transport.world import World
 
     class Mem:
         def __init__(self, kind):

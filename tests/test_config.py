@@ -234,7 +234,7 @@ def test_backends_that_wait_on_peers_say_so():
 
 def test_the_runtime_hands_its_backend_settings_to_the_backends():
     from radiance_ar import overlap
-    from radiance_ar.world import single_world
+    from radiance_ar.transport.world import single_world
 
     knobs = envs.BackendSettings(spin_timeout_ms=300, oneshot_ctas=4)
     rt = overlap.build(single_world(), OverlapSettings(True, "oneshot_wht6", 1, 2, knobs))

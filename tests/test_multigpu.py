@@ -27,7 +27,7 @@ from radiance_ar import overlap
 import world_jobs
 from radiance_ar import envs
 from radiance_ar.backends.interface import Backend
-from radiance_ar.world import World, from_process_group
+from radiance_ar.transport.world import World, from_process_group
 from radiance_ar.overlap.config import OverlapSettings
 
 LOCAL_RANK = envs.torchrun_local_rank()

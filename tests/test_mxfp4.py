@@ -214,7 +214,7 @@ def test_kernel_matches_reference_under_the_interpreter():
 OP_SCRIPT = r"""
 import torch
 from radiance_ar import overlap
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward

@@ -17,7 +17,7 @@ from radiance_ar import overlap  # noqa: E402
 from radiance_ar.envs import BackendSettings  # noqa: E402
 from radiance_ar.backends.oneshot_wht6 import OneshotWht6Backend  # noqa: E402
 from radiance_ar.transport.signals import PeerTimeoutError  # noqa: E402
-from radiance_ar.world import World, single_world  # noqa: E402
+from radiance_ar.transport.world import World, single_world  # noqa: E402
 from radiance_ar.harness.emulated import EmulatedRanks  # noqa: E402
 from radiance_ar.overlap.config import OverlapSettings  # noqa: E402
 from radiance_ar.overlap.slicing import slice_bounds  # noqa: E402

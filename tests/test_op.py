@@ -5,7 +5,7 @@ import torch
 
 from radiance_ar import overlap
 import world_jobs
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
 

@@ -23,7 +23,7 @@ from radiance_ar.overlap.pipeline import run_sliced
 from radiance_ar.overlap.plan import CallPlan, SliceHooks, input_view, row_bounds
 from radiance_ar.overlap.producers import TorchMM
 from radiance_ar.overlap.slicing import op_bounds
-from radiance_ar.world import World, single_world
+from radiance_ar.transport.world import World, single_world
 
 
 def backend_with(preferred: int) -> world_jobs.PeerSumBackend:

@@ -17,7 +17,7 @@ import prefill_emulated
 import prefill_measure
 import prefill_report
 import prefill_stack
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap import producers
 
 TINY = model_shapes.rank_shapes(model_shapes.MODELS["tiny"], 2)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from radiance_ar import overlap
 import world_jobs
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 from radiance_ar.overlap import producers
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.producer_quant import PREFIX, bind_layer, shape_carrier

@@ -11,7 +11,7 @@ import world_jobs  # noqa: E402
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.sdma import SdmaBackend
 from radiance_ar.backends.sdma_schedule import auto_schedule, shard_bounds
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 from radiance_ar.overlap.slicing import slice_bounds
 
 SHAPES = [(1, 8), (5, 24), (16, 40), (7, 3), (33, 64)]

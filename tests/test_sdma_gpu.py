@@ -16,7 +16,7 @@ import world_jobs  # noqa: E402
 from radiance_ar.envs import BackendSettings  # noqa: E402
 from radiance_ar.backends.sdma import SdmaBackend  # noqa: E402
 from radiance_ar.transport.signals import PeerTimeoutError  # noqa: E402
-from radiance_ar.world import emulated_worlds  # noqa: E402
+from radiance_ar.transport.world import emulated_worlds  # noqa: E402
 from radiance_ar.harness.emulated import EmulatedRanks  # noqa: E402
 from radiance_ar.overlap.config import OverlapSettings  # noqa: E402
 from radiance_ar.overlap.slicing import slice_bounds  # noqa: E402

@@ -14,7 +14,7 @@ from radiance_ar.transport.copy_engine import BindingsMissing, CopyEngineError
 from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
 from radiance_ar.backends.sdma import SdmaBackend
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 
 INTERPRETER_SCRIPT = r"""

@@ -12,7 +12,7 @@ from radiance_ar.backends.sdma_schedule import (AUTO_WHT6_TWOSHOT_MIN_BYTES, aut
     row_shards, wht6_twoshot_wire_bytes)
 from radiance_ar.backends.sdma_wht6 import (ONESHOT_REL_RMS_BOUND, TWOSHOT_REL_RMS_BOUND,
     SdmaWht6Backend)
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 
 SHAPES = [(8, 256), (33, 512), (5, 1024), (64, 256)]
 # Two-shot: rows < W (empty shards), 768 columns (600-byte payload rows: shards in whole

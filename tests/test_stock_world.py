@@ -43,7 +43,7 @@ def test_stock_uses_the_worlds_vendor_all_reduce():
     group: stock calls it, and never torch.distributed."""
     from radiance_ar import backends
     from radiance_ar.transport.peer_memory import LocalMemory
-    from radiance_ar.world import World
+    from radiance_ar.transport.world import World
 
     calls = []
 

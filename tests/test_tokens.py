@@ -11,7 +11,7 @@ from radiance_ar.call_contract import CallSignature
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.transport import tokens
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 
 
 @pytest.mark.parametrize("size", [2, 3, 8])
@@ -50,10 +50,9 @@ def test_cpu_worlds_enqueue_each_call_and_say_why():
     rt = overlap.build(single_world("cpu"), OverlapSettings(True, "sdma", 1, 2))
     assert rt.graph_reason() == "one rank: the op's all-reduce is a copy"
     assert rt.graphs() is None
-    w = torch.ones(4, 8)
-    assert (rt.register_layer(w), rt.register_layer(torch.ones(4, 8)), rt.register_layer(w)) \
-        == (1, 2, 1)
-    assert rt.layer_number(w) == 1 and rt.layer_number(torch.ones(1)) == 0
+    w, v, other = torch.ones(4, 8), torch.ones(4, 8), torch.ones(1)  # all alive: distinct
+    assert (rt.register_layer(w), rt.register_layer(v), rt.register_layer(w)) == (1, 2, 1)
+    assert (rt.layer_number(w), rt.layer_number(v), rt.layer_number(other)) == (1, 2, 0)
     rt.close()
 
 

@@ -203,7 +203,7 @@ def test_link_copy_plan():
 
 
 def test_link_is_none_on_a_cpu_world():
-    from radiance_ar.world import single_world
+    from radiance_ar.transport.world import single_world
 
     assert link.link_gbs(single_world("cpu"), 4096, 4, 10, 1) is None
 

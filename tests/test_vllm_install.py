@@ -20,7 +20,7 @@ import torch
 
 from radiance_ar import backends
 from radiance_ar import overlap
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 from radiance_ar.harness.cpu_world import CpuWorldPool
 from radiance_ar.overlap import vllm_install as vi
 from radiance_ar.overlap import vllm_plugin as vp

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radiance_ar import overlap
-from radiance_ar.world import single_world
+from radiance_ar.transport.world import single_world
 from radiance_ar.overlap import vllm_install as vi
 from radiance_ar.overlap import vllm_routes as vr
 from radiance_ar.overlap.config import OverlapSettings

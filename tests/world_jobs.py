@@ -13,7 +13,7 @@ from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend, check_slice
 from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.transport.peer_memory import typed_view
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings
 
 

@@ -33,7 +33,7 @@ import torch
 from radiance_ar import backends  # noqa: E402
 from radiance_ar import envs  # noqa: E402
 from radiance_ar.envs import OVERLAP_PLANS  # noqa: E402
-from radiance_ar.world import World  # noqa: E402
+from radiance_ar.transport.world import World  # noqa: E402
 import baseline  # noqa: E402
 from compare_args import DEFAULTS, QUICK, parse_args  # noqa: E402
 import gpu_timing  # noqa: E402
@@ -237,7 +237,7 @@ def output_paths(args: argparse.Namespace) -> list[str]:
 def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
     import torch.distributed as dist
 
-    from radiance_ar.world import from_process_group
+    from radiance_ar.transport.world import from_process_group
 
     local = envs.torchrun_local_rank()
     torch.cuda.set_device(local)
@@ -253,7 +253,7 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
 
 
 def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
-    from radiance_ar.world import emulated_worlds
+    from radiance_ar.transport.world import emulated_worlds
     from emulated_measure import measure_emulated
 
     device = torch.device("cuda", torch.cuda.current_device())

@@ -24,7 +24,7 @@ import gpu_timing  # noqa: E402
 from radiance_ar import envs  # noqa: E402
 from radiance_ar.overlap.plan import input_view  # noqa: E402
 from radiance_ar.transport.copy_engine import CopyEngine  # noqa: E402
-from radiance_ar.world import emulated_worlds  # noqa: E402
+from radiance_ar.transport.world import emulated_worlds  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 

@@ -26,7 +26,7 @@ from radiance_ar import overlap
 import producer_inputs
 import timeline
 from radiance_ar.envs import BackendSettings
-from radiance_ar.world import emulated_worlds
+from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward

@@ -26,7 +26,7 @@ from radiance_ar.transport.copy_engine import CopyEngine  # noqa: E402
 from radiance_ar.backends.sdma import SdmaBackend  # noqa: E402
 from radiance_ar.overlap.plan import input_view  # noqa: E402
 from radiance_ar.transport.signals import PASSIVE_EPOCH  # noqa: E402
-from radiance_ar.world import emulated_worlds  # noqa: E402
+from radiance_ar.transport.world import emulated_worlds  # noqa: E402
 from radiance_ar.diagnostics import cu_free_check  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does

@@ -31,7 +31,7 @@ import torch
 import gpu_timing
 import metrics
 from radiance_ar.transport.copy_engine import CopyEngine, bindings_reason
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 #: the median of fewer repeats moves with a single slow copy batch
 LINK_MIN_REPS = 10

@@ -194,7 +194,7 @@ def print_header(hdr: dict) -> None:
 def run_torchrun(args, spec: prefill_measure.Spec) -> tuple[dict, list[dict]] | None:
     import torch.distributed as dist
 
-    from radiance_ar.world import from_process_group
+    from radiance_ar.transport.world import from_process_group
 
     local = envs.torchrun_local_rank()
     torch.cuda.set_device(local)

@@ -19,7 +19,7 @@ import metrics
 from radiance_ar import overlap
 from radiance_ar.call_contract import CollectiveError
 from radiance_ar.backends.interface import Backend
-from radiance_ar.world import emulated_worlds
+from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.plan import row_bounds
 from prefill_measure import (Spec, add_figures, gate_reason, off_arm_parts, op_of, settings,

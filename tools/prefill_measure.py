@@ -44,7 +44,7 @@ import metrics
 from radiance_ar import overlap
 from radiance_ar.envs import BackendSettings
 from radiance_ar.streams import current_stream_handle
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from model_shapes import RankShapes
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward

@@ -30,7 +30,7 @@ import producer_inputs
 import report
 import timeline
 from radiance_ar.envs import OVERLAP_PLANS, BackendSettings
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap import producers
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward

@@ -3,7 +3,7 @@
     >>> import backends
     >>> backends.names()                 # every registered strategy
     >>> cls = backends.from_env()        # the one RADIANCE_AR_BACKEND names
-    >>> ar = cls(world, settings)        # for one rank of a radiance_ar.world.World
+    >>> ar = cls(world, settings)        # for one rank of a radiance_ar.transport.world.World
     >>> ar.all_reduce(slice_in, out)     # collective
 
 ``settings`` is a :class:`radiance_ar.envs.BackendSettings` (every backend knob, validated);

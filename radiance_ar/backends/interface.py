@@ -1,6 +1,6 @@
 """The contract every all-reduce backend fulfils (docs/design.md, 'The Backend interface').
 
-A backend is built for one rank of a :class:`~radiance_ar.world.World` and sums a
+A backend is built for one rank of a :class:`~radiance_ar.transport.world.World` and sums a
 contiguous 2-D slice over all ranks::
 
     out = sum(slice_in on rank r for r in range(world.size))   # plain-torch meaning
@@ -23,7 +23,7 @@ import torch
 
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.envs import BackendSettings
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 if TYPE_CHECKING:
     from radiance_ar.transport.signals import Signals

@@ -57,7 +57,7 @@ from radiance_ar.backends.registry import register
 from radiance_ar.call_contract import CollectiveMismatchError, FaultState
 from radiance_ar.backends.kernels import oneshot_wht6 as kernel
 from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, PeerTimeoutError
-from radiance_ar.world import KINDS, MAX_WORLD, World
+from radiance_ar.transport.world import KINDS, MAX_WORLD, World
 
 
 def _check_cols(where: str, cols: int) -> None:

@@ -38,7 +38,7 @@ from radiance_ar.backends.registry import register
 from radiance_ar.backends.sdma_schedule import auto_schedule, schedule_wire_bytes, shard_bounds
 from radiance_ar.transport.trace import traced
 from radiance_ar.backends.transport_backend import TransportBackend
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 
 @register("sdma")

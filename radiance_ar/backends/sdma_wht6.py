@@ -76,7 +76,7 @@ from radiance_ar.backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_sch
     row_shards, wht6_twoshot_wire_bytes)
 from radiance_ar.transport.trace import traced
 from radiance_ar.backends.transport_backend import TransportBackend
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 ONESHOT_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND
 #: one payload's bound (decode(encode(x)) against x): a decode-accumulate of one payload

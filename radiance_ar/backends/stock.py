@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from radiance_ar.backends.interface import Backend, check_slice, copy_unless_same
 from radiance_ar.backends.registry import register
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 
 @register("stock")

@@ -19,7 +19,7 @@ from radiance_ar.backends.interface import Backend, check_slice
 from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.transport.peer_memory import PeerBuffer, typed_view
 from radiance_ar.backends.registry import register
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 
 class _SymmMemAllReduce(Backend):

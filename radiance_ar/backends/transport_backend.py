@@ -23,7 +23,7 @@ from radiance_ar.backends.sdma_schedule import COMPUTE_UNITS
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.transport.tokens import TokenRound
 from radiance_ar.transport.trace import StepTrace
-from radiance_ar.world import KINDS, MAX_WORLD, World
+from radiance_ar.transport.world import KINDS, MAX_WORLD, World
 
 
 #: CUDA_DEVICE_MAX_CONNECTIONS as emulated ranks set it (radiance_ar.envs): hardware queues

@@ -117,7 +117,7 @@ def sdma_transport(device: torch.device, world_size: int = 4, rows: int = 4096,
     """The sdma transport of one active emulated rank against passive pre-filled peers:
     publish (D2H), flag write, stream waits on peers' flags, W-1 H2D pulls, flag write."""
     from radiance_ar.backends.sdma import SdmaBackend
-    from radiance_ar.world import emulated_worlds
+    from radiance_ar.transport.world import emulated_worlds
 
     world = emulated_worlds(world_size, device)[0]
     be = SdmaBackend(world, schedule="oneshot")

@@ -34,7 +34,7 @@ import time
 import torch
 
 from radiance_ar.envs import BackendSettings
-from radiance_ar.world import emulated_worlds
+from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.diagnostics import write_json
 from radiance_ar.harness.host import freeze_heap
 

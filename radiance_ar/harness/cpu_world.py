@@ -36,7 +36,7 @@ def _worker(rank: int, size: int, init_file: str, jobs, results, collective_time
             threads: int) -> None:
     import torch.distributed as dist
 
-    from radiance_ar.world import from_process_group
+    from radiance_ar.transport.world import from_process_group
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,

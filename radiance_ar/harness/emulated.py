@@ -1,6 +1,6 @@
 """The driver of W emulated ranks on one GPU, shared by the tools and the GPU tests.
 
-Emulated ranks (``radiance_ar.world.emulated_worlds``) live in one process and are driven
+Emulated ranks (``radiance_ar.transport.world.emulated_worlds``) live in one process and are driven
 from one host thread, each on its own persistent stream. Two rules make that safe, and
 every user of the world needs both (docs/design.md, 'Worlds'):
 
@@ -26,7 +26,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 
 from radiance_ar.transport.copy_engine import dedicated_stream
-from radiance_ar.world import World, emulated_worlds
+from radiance_ar.transport.world import World, emulated_worlds
 
 T = TypeVar("T")
 

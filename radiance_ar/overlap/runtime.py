@@ -18,7 +18,7 @@ import torch
 
 from radiance_ar import backends
 from radiance_ar.backends.interface import Backend
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
 from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.overlap.lanes import Lanes

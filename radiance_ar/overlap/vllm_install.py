@@ -207,7 +207,7 @@ def _configure_on_tp_group(settings: OverlapSettings) -> None:
     that group, whose vendor all-reduce (the decode path, ``stock``) is vLLM's own."""
     from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
 
-    from radiance_ar.world import from_process_group
+    from radiance_ar.transport.world import from_process_group
     from radiance_ar.overlap.runtime import PROCESS
 
     tp = get_tp_group()

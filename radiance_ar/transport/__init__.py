@@ -1,6 +1,8 @@
 """The copy transport: DMA copies and stream flag operations between ranks' buffers.
 
 - ``copy_engine``: copies and stream memory operations, per runtime (CUDA, HIP, CPU).
+- ``world``: where ranks live (rank, size, device, kind, peer memory, group), and the
+  world builders (process group, emulated ranks, one rank).
 - ``peer_memory``: peer-visible buffers (symmetric memory, pinned host memory, files).
 - ``signals`` / ``gpu_signals``: cross-rank flags and epochs (host spin / stream waits).
 - ``copy_transport``: one rank's publish / pull / fence steps over those pieces;

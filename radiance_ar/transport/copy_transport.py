@@ -67,7 +67,7 @@ from radiance_ar.transport.publish_lane import PublishLane
 from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, Signals
 from radiance_ar.transport.tokens import TokenRound, inbox_bytes
 from radiance_ar.transport.trace import StepTrace, traced
-from radiance_ar.world import World
+from radiance_ar.transport.world import World
 
 MAX_PENDING = 64  # reuse-fence entries kept before the oldest is waited for
 BUFFER_ALIGN = 256  # capacity in whole units: every receive slot 16-byte aligned for vectors
