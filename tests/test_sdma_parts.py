@@ -10,7 +10,8 @@ from interpreter import run_under_interpreter
 import torch
 
 from radiance_ar.transport import copy_engine
-from radiance_ar.transport.copy_engine import BindingsMissing, CopyEngineError
+from radiance_ar.transport import cuda_ops, hip_ops
+from radiance_ar.transport.runtime_errors import HIP_D2D_NO_CU, MASK64, BindingsMissing, CopyEngineError
 from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.backends.kernels.reduce_sum import reduce_sum, reference_reduce_sum
 from radiance_ar.backends.sdma import SdmaBackend
@@ -108,31 +109,31 @@ class FakeHip:
 
 def test_hip_calls_are_built_against_the_real_api(monkeypatch):
     fake = FakeHip()
-    monkeypatch.setattr(copy_engine, "_hip", lambda: fake)
-    copy_engine.hip_copy(0x1000, 0x2000, 64, 7, no_cu=True)
-    copy_engine.hip_copy(0x1000, 0x2000, 64, 7, no_cu=False)
-    copy_engine.hip_peer_copy(0x1000, 1, 0x2000, 0, 64, 7)
-    copy_engine.hip_write_value(7, 0x3000, 5)
-    copy_engine.hip_wait_value(7, 0x3000, 5, equal=False)
-    copy_engine.hip_wait_value(7, 0x3000, 6, equal=True)
+    monkeypatch.setattr(hip_ops, "_hip", lambda: fake)
+    hip_ops.hip_copy(0x1000, 0x2000, 64, 7, no_cu=True)
+    hip_ops.hip_copy(0x1000, 0x2000, 64, 7, no_cu=False)
+    hip_ops.hip_peer_copy(0x1000, 1, 0x2000, 0, 64, 7)
+    hip_ops.hip_write_value(7, 0x3000, 5)
+    hip_ops.hip_wait_value(7, 0x3000, 5, equal=False)
+    hip_ops.hip_wait_value(7, 0x3000, 6, equal=True)
     names = [c[0] for c in fake.calls]
     assert names == ["hipMemcpyAsync", "hipMemcpyAsync", "hipMemcpyPeerAsync",
                      "hipStreamWriteValue64", "hipStreamWaitValue64", "hipStreamWaitValue64"]
-    assert fake.calls[0][1][3].value == copy_engine.HIP_D2D_NO_CU == 1024
+    assert fake.calls[0][1][3].value == HIP_D2D_NO_CU == 1024
     assert fake.calls[1][1][3].value == 4
     assert fake.calls[2][1] == (0x1000, 1, 0x2000, 0, 64, 7)
     assert fake.calls[3][1] == (7, 0x3000, 5, 0)
-    assert fake.calls[4][1] == (7, 0x3000, 5, 0, copy_engine.MASK64)
-    assert fake.calls[5][1] == (7, 0x3000, 6, 1, copy_engine.MASK64)
+    assert fake.calls[4][1] == (7, 0x3000, 5, 0, MASK64)
+    assert fake.calls[5][1] == (7, 0x3000, 6, 1, MASK64)
 
 
 def test_hip_errors_are_reported(monkeypatch):
-    monkeypatch.setattr(copy_engine, "_hip", lambda: FakeHip(err=1))
+    monkeypatch.setattr(hip_ops, "_hip", lambda: FakeHip(err=1))
     with pytest.raises(CopyEngineError, match="hipMemcpyPeerAsync.*hipErrorInvalidValue \\(1\\)"):
-        copy_engine.hip_peer_copy(1, 1, 2, 0, 8, 0)
-    monkeypatch.setattr(copy_engine, "_hip", lambda: FakeHip(raise_load=True))
+        hip_ops.hip_peer_copy(1, 1, 2, 0, 8, 0)
+    monkeypatch.setattr(hip_ops, "_hip", lambda: FakeHip(raise_load=True))
     with pytest.raises(CopyEngineError, match="HIP runtime could not be used.*libamdhip64"):
-        copy_engine.hip_write_value(0, 1, 1)
+        hip_ops.hip_write_value(0, 1, 1)
 
 
 class FakeCudaModule:
@@ -161,13 +162,13 @@ class FakeCudaModule:
 def test_cuda_calls_are_built_against_the_real_api(monkeypatch):
     calls = []
     fake = FakeCudaModule(calls)
-    monkeypatch.setattr(copy_engine, "_cuda", lambda: (fake, fake))
-    copy_engine._cuda_calls.cache_clear()  # the entry points are resolved once, then kept
+    monkeypatch.setattr(cuda_ops, "_cuda", lambda: (fake, fake))
+    cuda_ops._cuda_calls.cache_clear()  # the entry points are resolved once, then kept
     try:
-        copy_engine.cuda_copy(0x1000, 0x2000, 64, 7)
-        copy_engine.cuda_write_value(7, 0x3000, 2 ** 32 + 5)
-        copy_engine.cuda_wait_value(7, 0x3000, 5, equal=False)
-        copy_engine.cuda_wait_value(7, 0x3000, 6, equal=True)
+        cuda_ops.cuda_copy(0x1000, 0x2000, 64, 7)
+        cuda_ops.cuda_write_value(7, 0x3000, 2 ** 32 + 5)
+        cuda_ops.cuda_wait_value(7, 0x3000, 5, equal=False)
+        cuda_ops.cuda_wait_value(7, 0x3000, 6, equal=True)
         assert [c[0] for c in calls] == ["cudaMemcpyAsync", "cuStreamWriteValue32",
                                          "cuStreamWaitValue32", "cuStreamWaitValue32"]
         assert calls[0][1][:3] == (0x1000, 0x2000, 64) and calls[0][1][3].value == 4
@@ -176,20 +177,20 @@ def test_cuda_calls_are_built_against_the_real_api(monkeypatch):
         assert calls[2][1] == (7, 0x3000, 5, 0) and calls[3][1] == (7, 0x3000, 6, 1)
         fake.err = 1
         with pytest.raises(CopyEngineError, match="cuStreamWaitValue32 failed"):
-            copy_engine.cuda_wait_value(7, 0x3000, 6, equal=True)
+            cuda_ops.cuda_wait_value(7, 0x3000, 6, equal=True)
     finally:
-        copy_engine._cuda_calls.cache_clear()
+        cuda_ops._cuda_calls.cache_clear()
 
 
 def test_missing_bindings_name_the_pip_package(monkeypatch):
     # The package and its submodule: an earlier import of cuda-python leaves both cached.
     for name in ("cuda", "cuda.bindings", "hip"):
         monkeypatch.setitem(sys.modules, name, None)
-    copy_engine._cuda_calls.cache_clear()
+    cuda_ops._cuda_calls.cache_clear()
     with pytest.raises(BindingsMissing, match="pip install cuda-python"):
-        copy_engine.cuda_copy(0, 0, 8, 0)
+        cuda_ops.cuda_copy(0, 0, 8, 0)
     with pytest.raises(BindingsMissing, match="pip install hip-python"):
-        copy_engine.hip_copy(0, 0, 8, 0, no_cu=True)
+        hip_ops.hip_copy(0, 0, 8, 0, no_cu=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     world = World(0, 2, torch.device("cuda", 0), _Mem("gpu-emulated"))
     reason = SdmaBackend.unsupported_reason(world)

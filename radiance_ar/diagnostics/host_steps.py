@@ -30,8 +30,8 @@ from typing import Callable
 import torch
 
 from radiance_ar import wht6
-from radiance_ar.transport.copy_engine import (CopyEngine, cuda_copy, cuda_wait_value,
-    cuda_write_value)
+from radiance_ar.transport.copy_engine import CopyEngine
+from radiance_ar.transport.cuda_ops import cuda_copy, cuda_wait_value, cuda_write_value
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.backends.kernels import reduce_sum
 from radiance_ar.diagnostics import write_json

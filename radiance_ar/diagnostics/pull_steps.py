@@ -34,7 +34,8 @@ from typing import Callable
 
 import torch
 
-from radiance_ar.transport.copy_engine import CopyEngine, cuda_copy, cuda_wait_value
+from radiance_ar.transport.copy_engine import CopyEngine
+from radiance_ar.transport.cuda_ops import cuda_copy, cuda_wait_value
 from radiance_ar.diagnostics import write_json
 
 PEERS = 3

@@ -23,9 +23,12 @@ the copy engines and complete while every SM is held (:mod:`radiance_ar.diagnost
 its H200 results are in docs/history.md); a stream wait-value is executed by the
 GPU's front end, so a stream waits for a peer's flag without any spinning kernel.
 
-The bindings are imported at the first call, so this module imports everywhere; a
-missing package raises :class:`BindingsMissing` naming the pip package to install
-(``cuda-python`` for NVIDIA, ``hip-python`` for ROCm).
+Each runtime's calls live in a file of their own (:mod:`radiance_ar.transport.cuda_ops`,
+:mod:`radiance_ar.transport.hip_ops`; the CPU's are a ``memmove`` here); this module
+dispatches to them, makes dedicated streams and routes copies. The bindings are imported
+at the first call, so every module imports everywhere; a missing package raises
+:class:`~radiance_ar.transport.runtime_errors.BindingsMissing` naming the pip package to
+install (``cuda-python`` for NVIDIA, ``hip-python`` for ROCm).
 """
 
 from __future__ import annotations
@@ -40,20 +43,11 @@ import torch
 
 from radiance_ar.streams import stream_object
 
-MASK32 = 0xFFFFFFFF
-MASK64 = 0xFFFFFFFFFFFFFFFF
-#: hipMemcpyKind value of hipMemcpyDeviceToDeviceNoCU (hip_runtime_api.h)
-HIP_D2D_NO_CU = 1024
-
-PIP_PACKAGE = {"cuda": "cuda-python", "hip": "hip-python"}
-
-
-class BindingsMissing(RuntimeError):
-    """The Python bindings of the GPU runtime are not installed (message names the package)."""
-
-
-class CopyEngineError(RuntimeError):
-    """A runtime call of the copy layer returned an error code."""
+from radiance_ar.transport.cuda_ops import (_cuda, _cuda_ok, cuda_copy, cuda_device_pointer,
+    cuda_wait_value, cuda_write_value)
+from radiance_ar.transport.hip_ops import (_hip, _hip_ok, hip_copy, hip_peer_copy, hip_wait_value,
+    hip_write_value)
+from radiance_ar.transport.runtime_errors import BindingsMissing
 
 
 def platform(device: torch.device) -> str:
@@ -64,139 +58,6 @@ def platform(device: torch.device) -> str:
     if device.type == "cuda":
         return "hip" if getattr(torch.version, "hip", None) else "cuda"
     raise ValueError(f"copy_engine: device type {device.type!r}: expected cpu or cuda")
-
-
-# --------------------------------------------------------------------------- NVIDIA
-
-def _cuda() -> tuple[Any, Any]:
-    try:
-        from cuda.bindings import driver, runtime
-    except ImportError as e:
-        raise BindingsMissing(
-            "the sdma copy layer on NVIDIA needs the CUDA Python bindings: "
-            f"pip install cuda-python (import failed: {e})") from None
-    return driver, runtime
-
-
-@dataclass(frozen=True)
-class _CudaCalls:
-    """The bound entry points and enum values of the per-step calls, resolved once: an
-    sdma slice makes about 25 of these calls, and an import statement plus three enum
-    lookups per call is a measurable share of its host time (radiance_ar.diagnostics.host_cost)."""
-    memcpy: Any
-    memcpy_default: Any
-    write32: Any
-    write_default: Any
-    wait32: Any
-    wait_eq: Any
-    wait_geq: Any
-
-
-@functools.cache
-def _cuda_calls() -> _CudaCalls:
-    driver, runtime = _cuda()
-    wait = driver.CUstreamWaitValue_flags
-    return _CudaCalls(runtime.cudaMemcpyAsync, runtime.cudaMemcpyKind.cudaMemcpyDefault,
-                      driver.cuStreamWriteValue32,
-                      driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
-                      driver.cuStreamWaitValue32, wait.CU_STREAM_WAIT_VALUE_EQ,
-                      wait.CU_STREAM_WAIT_VALUE_GEQ)
-
-
-def _cuda_ok(result: tuple, call: str) -> tuple:
-    err = result[0]
-    if int(err) != 0:
-        name = getattr(err, "name", str(err))
-        raise CopyEngineError(f"{call} failed: {name} ({int(err)})")
-    return result[1:]
-
-
-def cuda_copy(dst_ptr: int, src_ptr: int, nbytes: int, stream: int) -> None:
-    """``cudaMemcpyAsync`` of ``nbytes``; kind Default lets UVA pick H2D / D2H / P2P."""
-    api = _cuda_calls()
-    _cuda_ok(api.memcpy(dst_ptr, src_ptr, nbytes, api.memcpy_default, stream),
-             f"cudaMemcpyAsync({nbytes} B)")
-
-
-def cuda_write_value(stream: int, addr: int, value: int) -> None:
-    """``*addr = value`` (low 32 bits) once all earlier work of ``stream`` is done.
-
-    The default flag keeps the memory barrier: earlier writes of the stream (the copy
-    that published a slice) are visible before the flag.
-    """
-    api = _cuda_calls()
-    _cuda_ok(api.write32(stream, addr, value & MASK32, api.write_default), "cuStreamWriteValue32")
-
-
-def cuda_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
-    """Later work of ``stream`` waits until the 32-bit word at ``addr`` equals ``value``
-    (``equal``) or reaches it (``(int32)(*addr - value) >= 0``, a cyclic GEQ)."""
-    api = _cuda_calls()
-    _cuda_ok(api.wait32(stream, addr, value & MASK32, api.wait_eq if equal else api.wait_geq),
-             "cuStreamWaitValue32")
-
-
-def cuda_device_pointer(host_ptr: int) -> int:
-    """The device address of pinned host memory (equal to ``host_ptr`` under UVA)."""
-    _, runtime = _cuda()
-    (dev_ptr,) = _cuda_ok(runtime.cudaHostGetDevicePointer(host_ptr, 0),
-                          "cudaHostGetDevicePointer")
-    return int(dev_ptr)
-
-
-# --------------------------------------------------------------------------- ROCm
-
-def _hip() -> Any:
-    try:
-        from hip import hip
-    except ImportError as e:
-        raise BindingsMissing(
-            "the sdma copy layer on ROCm needs the ROCm Python bindings: "
-            f"pip install hip-python (import failed: {e})") from None
-    return hip
-
-
-def _hip_ok(call: str, fn: Any, *args: Any) -> tuple:
-    try:
-        result = fn(*args)
-    except RuntimeError as e:  # hip-python raises when libamdhip64 cannot be loaded
-        raise CopyEngineError(f"{call}: the HIP runtime could not be used: {e}") from None
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
-        name = getattr(err, "name", str(err))
-        raise CopyEngineError(f"{call} failed: {name} ({int(err)})")
-    return result[1:] if isinstance(result, tuple) else ()
-
-
-def hip_copy(dst_ptr: int, src_ptr: int, nbytes: int, stream: int, *, no_cu: bool) -> None:
-    """``hipMemcpyAsync``: kind NoCU (same-device views of peer memory) or Default (host)."""
-    hip = _hip()
-    kind = (hip.hipMemcpyKind.hipMemcpyDeviceToDeviceNoCU if no_cu
-            else hip.hipMemcpyKind.hipMemcpyDefault)
-    _hip_ok(f"hipMemcpyAsync({nbytes} B, {kind.name})", hip.hipMemcpyAsync,
-            dst_ptr, src_ptr, nbytes, kind, stream)
-
-
-def hip_peer_copy(dst_ptr: int, dst_device: int, src_ptr: int, src_device: int, nbytes: int,
-                  stream: int) -> None:
-    """``hipMemcpyPeerAsync`` between two devices (SDMA above ROC_P2P_SDMA_SIZE, 1 MiB)."""
-    hip = _hip()
-    _hip_ok(f"hipMemcpyPeerAsync({nbytes} B, {src_device}->{dst_device})",
-            hip.hipMemcpyPeerAsync, dst_ptr, dst_device, src_ptr, src_device, nbytes, stream)
-
-
-def hip_write_value(stream: int, addr: int, value: int) -> None:
-    """``*addr = value`` (64-bit) after all earlier work of ``stream``."""
-    hip = _hip()
-    _hip_ok("hipStreamWriteValue64", hip.hipStreamWriteValue64, stream, addr, value & MASK64, 0)
-
-
-def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
-    """Later work of ``stream`` waits until ``*addr == value`` (``equal``) or
-    ``*addr >= value`` (64-bit: never wraps)."""
-    hip = _hip()
-    _hip_ok("hipStreamWaitValue64", hip.hipStreamWaitValue64, stream, addr, value & MASK64,
-            int(hip.hipStreamWaitValueEq if equal else hip.hipStreamWaitValueGte), MASK64)
 
 
 # --------------------------------------------------------------------------- streams

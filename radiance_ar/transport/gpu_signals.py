@@ -18,7 +18,8 @@ import torch
 
 from radiance_ar.call_contract import (CallSignature, CollectiveMismatchError,
     PeerAbortedError, PeerTimeoutError, device_tag)
-from radiance_ar.transport.copy_engine import MASK32, CopyEngine, dedicated_stream
+from radiance_ar.transport.copy_engine import CopyEngine, dedicated_stream
+from radiance_ar.transport.runtime_errors import MASK32
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.signals import _HEADER, RING, SLOT_BYTES, Signals, _word
 from radiance_ar.transport.tokens import Awaited, Inbox, TokenRound, token_value

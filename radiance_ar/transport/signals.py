@@ -57,7 +57,7 @@ import torch
 
 from radiance_ar.call_contract import (NO_TAG, CallSignature, CollectiveMismatchError,
     FaultState, PeerAbortedError, PeerTimeoutError, host_tag, tag_epoch)
-from radiance_ar.transport.copy_engine import MASK32
+from radiance_ar.transport.runtime_errors import MASK32
 from radiance_ar.transport.peer_memory import PeerBuffer
 
 __all__ = ["Signals", "CpuSignals", "PeerTimeoutError", "FLAG_BYTES", "PASSIVE_EPOCH",
