@@ -49,3 +49,25 @@ def test_a_cpu_run_measures_the_arm_and_names_it(tmp_path):
     assert {r["backend"] for r in saved["records"]} == {"sdma", "stock"}
     assert saved["mode"]["vs_base"].startswith("stock unsliced")
     assert all("vs_base" not in r for r in saved["records"])  # CPU: no timings, no ratio
+
+
+def test_prefill_arms_are_compared_with_the_base_backends_off_arm():
+    records = [{"arm": "off", "backend": "oneshot_wht6", "t_prefill_ms": 30.0},
+               {"arm": "on", "backend": "oneshot_wht6", "t_prefill_ms": 40.0},
+               {"arm": "off", "backend": "sdma_wht6", "t_prefill_ms": 20.0},
+               {"arm": "on", "backend": "sdma_wht6", "t_prefill_ms": 15.0},
+               {"arm": "on", "backend": "sdma", "t_prefill_ms": None}]
+    baseline.add_prefill_vs_base(records, "oneshot_wht6")
+    assert [r["vs_base"] for r in records] == [1.0, 0.75, 1.5, 2.0, None]
+
+
+def test_prefill_bench_measures_the_base_backend_and_checks_the_name():
+    import prefill_bench
+
+    args = prefill_bench.parse_args(["--backends", "sdma", "--baseline", "oneshot_wht6"])
+    spec = prefill_bench.make_spec(args, "cpu")
+    assert spec.backends == ("sdma", "oneshot_wht6")
+    assert prefill_bench.base_backend(prefill_bench.parse_args([]), "emulated") == "oneshot_wht6"
+    assert prefill_bench.base_backend(prefill_bench.parse_args([]), "cpu") == "stock"
+    with pytest.raises(SystemExit):
+        prefill_bench.parse_args(["--baseline", "nccl"])

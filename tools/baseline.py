@@ -14,7 +14,7 @@ spin-wait ``oneshot_wht6`` unsliced, the deployment this project replaces.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Callable, Hashable, Iterable
 
 from radiance_ar import backends
 
@@ -39,6 +39,11 @@ def parse_arm(text: str) -> tuple[str, int]:
     if not (s.isascii() and s.isdigit() and int(s) >= 1):
         raise ValueError(f"--baseline {text!r}: slices {s!r}: expected an integer >= 1")
     return cls.name, int(s) if cls.pipelined else 1
+
+
+def default_backend(world_kind: str) -> str:
+    """The default base backend of ``world_kind`` (its arm's backend)."""
+    return default_arm(world_kind)[0][0]
 
 
 def default_arm(world_kind: str) -> tuple[tuple[str, int], str]:
@@ -69,11 +74,25 @@ def with_arm(cases: list, arm: tuple[str, int]) -> list:
 
 
 def add_vs_base(records: Iterable[dict], arm: tuple[str, int]) -> None:
-    """Set ``vs_base`` on every record: the arm's ``t_ovl_ms`` at the same M and producer
-    over the record's (None where either was not timed, e.g. CPU worlds)."""
+    """compare_backends: set ``vs_base`` on every record, the arm's ``t_ovl_ms`` at the
+    same M and producer over the record's (None where either was not timed, e.g. CPU)."""
+    ratio_to_base(records, lambda r: (r.get("backend"), r.get("slices")) == arm, "t_ovl_ms",
+                  lambda r: (r.get("M"), r.get("producer")))
+
+
+def add_prefill_vs_base(records: Iterable[dict], backend: str) -> None:
+    """prefill_bench: set ``vs_base`` on every arm, ``backend``'s off arm's prefill time
+    over the arm's."""
+    ratio_to_base(records, lambda r: (r.get("arm"), r.get("backend")) == ("off", backend),
+                  "t_prefill_ms", lambda r: None)
+
+
+def ratio_to_base(records: Iterable[dict], is_base: Callable[[dict], bool], time_key: str,
+                  group: Callable[[dict], Hashable]) -> None:
+    """``r["vs_base"] = base[time_key] / r[time_key]`` within each ``group``, the base
+    being the group's record ``is_base`` picks; None where either has no time."""
     records = list(records)
-    base = {(r["M"], r.get("producer")): r.get("t_ovl_ms") for r in records
-            if (r.get("backend"), r.get("slices")) == arm and "skipped" not in r}
+    base = {group(r): r.get(time_key) for r in records if is_base(r) and "skipped" not in r}
     for r in records:
-        ref, own = base.get((r.get("M"), r.get("producer"))), r.get("t_ovl_ms")
+        ref, own = base.get(group(r)), r.get(time_key)
         r["vs_base"] = ref / own if ref and own else None

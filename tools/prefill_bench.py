@@ -54,6 +54,7 @@ import time
 import torch
 
 from radiance_ar import backends
+import baseline
 import model_shapes
 import prefill_measure
 import prefill_report
@@ -103,6 +104,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="GEMM producer of every linear (a registered name: "
                         "radiance_ar.overlap.producers.names())")
     p.add_argument("--slices", type=_positive, default=4, help="slices S of the on arms")
+    p.add_argument("--baseline", default=None,
+                   help="the backend whose off arm every arm is also compared with (column "
+                        "'vs base'); default: stock where a vendor collective exists, the "
+                        "spin-wait oneshot_wht6 in the emulated world; measured even when "
+                        "--backends leaves it out")
     p.add_argument("--gqa", choices=GQA_MODES, default="enable_gqa",
                    help="grouped KV heads through SDPA's enable_gqa, or KV repeated")
     p.add_argument("--reps", type=_positive, default=20, help="timed prefills (median)")
@@ -134,7 +140,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.backends = [backends.get(b).name for b in names]
     except ValueError as e:
         p.error(f"--backends: {e}")
+    if args.baseline is not None:
+        try:
+            args.baseline = backends.get(args.baseline).name
+        except ValueError as e:
+            p.error(f"--baseline: {e}")
     return args
+
+
+def base_backend(args: argparse.Namespace, kind: str) -> str:
+    """The backend whose off arm is the base (``--baseline``, else the world's default)."""
+    if args.baseline is not None:
+        return args.baseline
+    return baseline.default_backend({"emulated": "gpu-emulated", "cpu": "cpu-shm"}.get(
+        kind, "gpu-symm"))
 
 
 def world_kind(args: argparse.Namespace) -> str:
@@ -159,8 +178,8 @@ def make_spec(args: argparse.Namespace, kind: str) -> prefill_measure.Spec:
     return prefill_measure.Spec(
         model_shapes.rank_shapes(cfg, tp), args.layers,
         prefill_measure.chunk_rows(tokens, chunk), args.producer, args.slices,
-        tuple(args.backends), args.reps, args.warmup, args.seed, args.gqa,
-        knobs=BackendSettings.from_env())
+        tuple(dict.fromkeys([*args.backends, base_backend(args, kind)])), args.reps,
+        args.warmup, args.seed, args.gqa, knobs=BackendSettings.from_env())
 
 
 def header(args: argparse.Namespace, spec: prefill_measure.Spec, kind: str, label: str,
@@ -284,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         hdr, records = run_emulated(args, spec)
     else:
         hdr, records = run_cpu(args, spec)
+    base = base_backend(args, kind)
+    baseline.add_prefill_vs_base(records, base)
+    hdr["vs_base"] = f"the {base} off arm"
     finish(args, hdr, records)
     return 0 if all(r["correct"] is not False for r in records) else 1
 

@@ -8,6 +8,7 @@ keys in the CSV):
 | `arm`, `backend`, `slices` | `off`: GEMM then the world's unsliced all-reduce; `on`: the op, S slices |
 | `tokens_per_s`, `t_prefill_ms`, `t_prefill_spread_ms` | the whole prefill (every chunk, every layer): tokens / median time; half the IQR |
 | `speedup` | on arms: the off arm's median / this arm's (emulated: the same backend's off arm) |
+| `vs_base` | every arm: the base backend's off arm's median / this arm's (`--baseline`; default `stock`, in the emulated world the spin-wait `oneshot_wht6`; `mode.vs_base` names it) |
 | `t_<component>_ms` | the component's time summed over layers and chunks (events between components, same repeats) |
 | `t_ar_total_ms`, `ar_share` | off arm: the all-reduce alone at each chunk size x its calls, and its share of the off prefill |
 | `t_hideable_ms`, `ceiling_speedup` | off arm: per RowParallel call min(its GEMM alone, its all-reduce alone), summed; off / (off - hideable) |
@@ -55,6 +56,7 @@ def headline_rows(records: list[dict]) -> list[dict]:
             "prefill ms": ("-" if r.get("t_prefill_ms") is None
                            else f"{r['t_prefill_ms']:.2f}±{spread:.2f}"),
             "speedup": _fmt(r.get("speedup"), "{:.3f}x"),
+            "vs base": _fmt(r.get("vs_base"), "{:.3f}x"),
             "AR ms": _fmt(r.get("t_ar_total_ms"), "{:.2f}"),
             "AR share": _fmt(r.get("ar_share"), "{:.1%}"),
             "ceiling": _fmt(r.get("ceiling_speedup"), "{:.3f}x"),
