@@ -9,7 +9,6 @@ import torch
 from radiance_ar import overlap
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.overlap.config import OverlapSettings
-from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.transport import tokens
 from radiance_ar.transport.world import single_world
 
@@ -54,8 +53,3 @@ def test_cpu_worlds_enqueue_each_call_and_say_why():
     assert (rt.register_layer(w), rt.register_layer(v), rt.register_layer(w)) == (1, 2, 1)
     assert (rt.layer_number(w), rt.layer_number(v), rt.layer_number(other)) == (1, 2, 0)
     rt.close()
-
-
-def test_graph_cache_limit_is_checked():
-    with pytest.raises(ValueError, match="limit 0"):
-        GraphCache(torch.device("cpu"), 0)

@@ -61,10 +61,15 @@ class GraphCache:
     #: a forgotten key runs eagerly once more, on every rank alike)
     SEEN_PER_GRAPH = 4
 
-    def __init__(self, device: torch.device, limit: int):
+    def __init__(self, device: torch.device, limit: int,
+                 capture: Callable[[Any, Callable[[], None]], tuple[Any, TokenRound]] | None = None):
+        """``capture(backend, run)``: capture ``run()`` into a graph, returning the graph
+        (anything with ``replay()``) and the backend's token round; default: a CUDA graph
+        on a stream of the cache's own (:meth:`capture_cuda_graph`)."""
         if not isinstance(limit, int) or limit < 1:
             raise ValueError(f"GraphCache: limit {limit!r}: expected an int >= 1")
         self.device, self.limit = device, limit
+        self._capture_graph = capture if capture is not None else self.capture_cuda_graph
         self._entries: collections.OrderedDict[Hashable, _Entry] = collections.OrderedDict()
         #: key -> the generation its eager warm-up call ran in (captured at the next call)
         self._seen: dict[Hashable, Hashable] = {}
@@ -145,6 +150,15 @@ class GraphCache:
             self._evict_oldest()
         x_static = self._static_tensor("x", tuple(x.shape), x.dtype)
         out_static = self._static_tensor("out", out_shape, x.dtype)
+        graph, rnd = self._capture_graph(backend, lambda: body(x_static, out_static))
+        self.captures += 1
+        entry = _Entry(graph, rnd, x_static, out_static, generation())
+        self._entries[key] = entry
+        return entry
+
+    def capture_cuda_graph(self, backend: Any, run: Callable[[], None]) -> tuple[Any, TokenRound]:
+        """``run()`` captured into a CUDA graph inside the backend's token round, on the
+        cache's own stream, in the cache's private pool; no device synchronization."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = dedicated_stream(self.device)
@@ -153,10 +167,8 @@ class GraphCache:
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
                 with backend.capture_round() as rnd:
-                    body(x_static, out_static)
+                    run()
             finally:
                 graph.capture_end()
-        self.captures += 1
-        entry = _Entry(graph, rnd, x_static, out_static, generation())
-        self._entries[key] = entry
-        return entry
+        return graph, rnd
+

@@ -1,0 +1,103 @@
+"""The policy of the op's graph cache (radiance_ar.overlap.graphs.GraphCache) on the CPU:
+a "graph" here re-runs the captured body on the persistent buffers when replayed, which
+is what a CUDA graph does on a GPU (tests/test_graphs_gpu.py runs the real ones)."""
+
+import contextlib
+
+import pytest
+import torch
+
+from radiance_ar.call_contract import CallSignature
+from radiance_ar.overlap.graphs import GraphCache
+
+
+class Replayable:
+    def __init__(self, run):
+        self.replay = run
+
+
+class Backend:
+    """Counts replays the way TransportBackend.replay_call brackets them."""
+
+    def __init__(self):
+        self.replayed = []
+
+    @contextlib.contextmanager
+    def replay_call(self, sig, rnd, stream):
+        yield
+        self.replayed.append((sig, rnd))
+
+
+def make(limit=4):
+    backend, bodies = Backend(), []
+
+    def capture(be, run):
+        assert be is backend
+        return Replayable(run), f"round {len(bodies)}"
+
+    return GraphCache(torch.device("cpu"), limit, capture), backend, bodies
+
+
+def body_for(bodies, scale):
+    def body(x, out):
+        bodies.append(x.data_ptr())
+        torch.mul(x, scale, out=out)
+    return body
+
+
+def call(cache, backend, key, x, body, generation=0):
+    sig = CallSignature(x.shape[0], x.shape[1], x.dtype)
+    return cache.call(key, lambda: generation, x, tuple(x.shape), sig, backend, body)
+
+
+def test_eager_then_captured_then_replayed_with_new_inputs_each_time():
+    cache, backend, bodies = make()
+    body = body_for(bodies, 3.0)
+    xs = [torch.randn(5, 4) for _ in range(4)]
+    outs = [call(cache, backend, "a", x, body) for x in xs]
+    for x, out in zip(xs, outs):
+        assert torch.equal(out, x * 3.0)
+    assert (cache.captures, cache.replays, len(backend.replayed)) == (1, 3, 3)
+    assert bodies[0] == xs[0].data_ptr()  # the eager call reads the caller's x
+    assert len(set(bodies[1:])) == 1  # every replay reads the one persistent input
+    outs[2].zero_()  # a returned output is the caller's own: later replays leave it alone
+    call(cache, backend, "a", xs[0], body)
+    assert torch.equal(outs[3], xs[3] * 3.0)
+
+
+def test_a_new_generation_drops_every_graph_and_starts_eagerly_again():
+    cache, backend, bodies = make()
+    body = body_for(bodies, 1.0)
+    x = torch.randn(3, 2)
+    for _ in range(3):
+        call(cache, backend, "a", x, body, generation=0)
+    assert (cache.captures, len(cache)) == (1, 1)
+    call(cache, backend, "a", x, body, generation=1)  # buffers moved: eager warm-up again
+    assert (cache.captures, len(cache)) == (1, 0)
+    call(cache, backend, "a", x, body, generation=1)
+    assert (cache.captures, len(cache)) == (2, 1)
+
+
+def test_least_recently_used_goes_first_with_its_persistent_buffers():
+    cache, backend, bodies = make(limit=2)
+    shapes = {"a": (8, 4), "b": (16, 4), "c": (32, 4)}
+    for key in ("a", "b", "a", "c"):  # each key: eager, then captured at its second call
+        x = torch.randn(*shapes[key])
+        for _ in range(2):
+            assert torch.equal(call(cache, backend, key, x, body_for(bodies, 2.0)), x * 2.0)
+    assert list(cache._entries) == ["a", "c"]  # b was least recently used
+    held = cache.memory()["static_bytes"]
+    assert held == sum(2 * r * c * 4 for r, c in (shapes["a"], shapes["c"]))
+
+
+def test_the_keys_remembered_are_bounded():
+    cache, backend, bodies = make(limit=1)
+    x = torch.randn(2, 2)
+    for key in range(20):
+        call(cache, backend, key, x, body_for(bodies, 1.0))
+    assert len(cache._seen) == GraphCache.SEEN_PER_GRAPH
+
+
+def test_limit_is_checked():
+    with pytest.raises(ValueError, match="limit 0"):
+        GraphCache(torch.device("cpu"), 0)
