@@ -57,7 +57,8 @@ def cases(args: argparse.Namespace, device: str, world_kind: str | None = None) 
     out = []
     for name in args.backends:
         cls = backends.get(name)
-        counts = [cls.preferred_slices if s == "auto" else s for s in args.slices]
+        counts = [cls.preferred_slices_for(args.world) if s == "auto" else s
+                  for s in args.slices]
         for rows in m:
             for s in (list(dict.fromkeys(counts)) if cls.pipelined else [1]):
                 # one slice is one plan, recorded as the default: the others would repeat it

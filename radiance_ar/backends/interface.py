@@ -141,6 +141,12 @@ class Backend(abc.ABC):
             signals.check_vendor_call()
 
     @classmethod
+    def preferred_slices_for(cls, world_size: int) -> int:
+        """The slice count of RADIANCE_AR_OVERLAP_SLICES=auto in a world of ``world_size``
+        ranks (``preferred_slices`` unless a backend measured otherwise per size)."""
+        return cls.preferred_slices
+
+    @classmethod
     def unsupported_reason(cls, world: World) -> str | None:
         """Pure gate: ``None`` if this backend can serve ``world``, else the reason why not."""
         return None

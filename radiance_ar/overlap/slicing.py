@@ -27,7 +27,7 @@ from radiance_ar.envs import OVERLAP_PLANS as PLANS
 def slice_count(setting: int | str, backend: Any) -> int:
     """The S the op runs: RADIANCE_AR_OVERLAP_SLICES as set, or for ``auto`` the
     backend's ``preferred_slices`` (its slice count chosen by measurement)."""
-    return backend.preferred_slices if setting == "auto" else setting
+    return backend.preferred_slices_for(backend.world.size) if setting == "auto" else setting
 
 
 def slice_bounds(rows: int, slices: int, align: int = 1, plan: str = PLANS[0]) -> list[int]:

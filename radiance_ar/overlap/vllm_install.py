@@ -163,7 +163,8 @@ class InstallReport:
         total = len(self.routed) + len(self.already) + sum(map(len, self.left.values()))
         cls = backends.get(s.backend)
         slices = ("unsliced" if not cls.pipelined
-                  else f"slices auto = {cls.preferred_slices}" if s.slices == "auto"
+                  else f"slices auto = {cls.preferred_slices_for(self.tp_size)}"
+                  if s.slices == "auto"
                   else f"slices {s.slices}")
         if cls.pipelined and s.plan != OVERLAP_PLANS[0]:
             slices += f" {s.plan}"
