@@ -114,7 +114,9 @@ class SdmaWht6Backend(TransportBackend):
         self.rel_rms_bound = REL_RMS_BOUNDS[
             "twoshot" if world.size > 1 and self.may_use_twoshot() else "oneshot"]
         self.cols = 0  # columns of the last ensure_capacity (payload rows, timing fill)
-        self._warm_dtypes: set[torch.dtype] = set()
+        #: (cols, dtype) whose codec kernels are loaded: every shape once, so that a
+        #: captured op call of an earlier width never has to load one (refused in capture)
+        self._warm: set[tuple[int, torch.dtype]] = set()
 
     def may_use_twoshot(self) -> bool:
         # auto: two-shot for large payloads from WHT6_TWOSHOT_MIN_WORLD ranks on
@@ -157,12 +159,10 @@ class SdmaWht6Backend(TransportBackend):
     def ensure_capacity(self, max_rows: int, cols: int, dtype: torch.dtype) -> None:
         check_capacity_args(self.name, max_rows, cols, dtype)
         rows, row_bytes = wht6.payload_shape(max_rows, cols)
-        if ((cols != self.cols or dtype not in self._warm_dtypes)
+        if ((cols, dtype) not in self._warm
                 and self.world.device.type == "cuda" and self.world.size > 1):
-            if cols != self.cols:
-                self._warm_dtypes.clear()
             self._warm_codec(cols, dtype)
-            self._warm_dtypes.add(dtype)
+            self._warm.add((cols, dtype))
         self.cols = cols
         self.transport.ensure_capacity(rows * row_bytes)
 
