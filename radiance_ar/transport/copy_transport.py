@@ -65,6 +65,7 @@ from radiance_ar.buffers import grown_size, refuse_growth_in_capture
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.publish_lane import PublishLane
 from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, Signals
+from radiance_ar.transport import tokens
 from radiance_ar.transport.tokens import TokenRound, inbox_bytes
 from radiance_ar.transport.trace import StepTrace, traced
 from radiance_ar.transport.world import World
@@ -254,9 +255,7 @@ class CopyTransport:
             return
         rnd = getattr(self.signals, "round", None)
         if rnd is not None:
-            hits = [k for k, a, b in rnd.pending if a < hi and lo < b]
-            rnd.pending = [x for x in rnd.pending if x[0] not in hits]
-            self._consume_done(rnd, hits, stream)
+            tokens.fence(self.signals, rnd, self.peers, lo, hi, stream)
             return
         hits = [ep for ep, a, b in self._pending if a < hi and lo < b]
         if len(self._pending) > MAX_PENDING:
@@ -303,7 +302,11 @@ class CopyTransport:
         with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
             if nbytes:
                 copy_bytes(dst_addr, base + src_off, nbytes, stream, how)
-        self.pulled_bytes += nbytes
+        rnd = getattr(self.signals, "round", None)
+        if rnd is None:
+            self.pulled_bytes += nbytes
+        else:  # a capture: counted per replay (after_replay)
+            rnd.pulled_bytes += nbytes
 
     def pull_all(self, t: int, off: int, nbytes: int, stream: int,
                  what: str) -> dict[int, torch.Tensor]:
@@ -336,34 +339,13 @@ class CopyTransport:
 
     # ------------------------------------------------------------------ captured op calls
 
-    @contextlib.contextmanager
-    def capture_round(self) -> Iterator[TokenRound]:
-        """While a graph of op calls is captured on the current stream: the calls inside
-        post and wait tokens (:mod:`radiance_ar.transport.tokens`); at the end of the block
-        every done token not yet consumed is, on the current stream (the graph ends after
-        every peer has read what it published). Host state (call numbers, pulled bytes,
-        call streams) is as before; the round holds what a replay adds
-        (:meth:`after_replay`)."""
-        signals = self.signals
-        if not isinstance(signals, GpuSignals):
+    def capture_round(self) -> contextlib.AbstractContextManager[TokenRound]:
+        """While a graph of op calls is captured on the current stream
+        (:func:`radiance_ar.transport.tokens.capture_round`)."""
+        if not isinstance(self.signals, GpuSignals):
             raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
-        pulled = self.pulled_bytes
-        self.call_streams.forget_calls()
-        try:
-            with signals.capture_round() as rnd, self.call_streams.caller_only():
-                yield rnd
-                self._consume_done(rnd, sorted(rnd.unconsumed_done),
-                                   current_stream_handle(self.world.device))
-            rnd.pulled_bytes = self.pulled_bytes - pulled
-        finally:
-            self.pulled_bytes = pulled
-            self.call_streams.forget_calls()
-
-    def _consume_done(self, rnd: TokenRound, calls: list[int], stream: int) -> None:
-        for k in calls:
-            sig = rnd.unconsumed_done.pop(k)
-            for p in self.peers:
-                self.signals.wait_token(p, "done", k, sig, stream)
+        return tokens.capture_round(self.signals, self.call_streams, self.peers,
+                                    self.world.device)
 
     def before_replay(self, stream: int) -> None:
         """Before a captured op call is launched on ``stream``: order it after every peer

@@ -34,11 +34,14 @@ layer, so consecutive calls always differ).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import torch
 
 from radiance_ar.call_contract import CallSignature, device_tag
+from radiance_ar.streams import current_stream_handle
 
 #: calls one captured op call may hold: RADIANCE_AR_OVERLAP_SLICES' upper bound
 MAX_CALLS = 64
@@ -122,3 +125,44 @@ class Inbox:
         self.words[self.rank].zero_()
         if self.words[self.rank].is_cuda:
             torch.cuda.synchronize(self.words[self.rank].device)
+
+
+# ------------------------------------------------------------------ a capture's steps
+# ``signals`` is a GpuSignals (its ``capture_round`` and ``wait_token``), ``call_streams``
+# a CallStreams: the copy transport passes its own (CopyTransport.capture_round, .fence).
+
+@contextlib.contextmanager
+def capture_round(signals: Any, call_streams: Any, peers: list[int],
+                  device: torch.device) -> Iterator[TokenRound]:
+    """While a graph of op calls is captured on the current stream: the calls inside
+    post and wait tokens, all on the capturing stream (``CallStreams.caller_only``); at
+    the end of the block every done token not yet consumed is, on the current stream, so
+    the graph ends after every peer has read what it published. Host state (call numbers,
+    call streams) is as before; the round holds what a replay adds."""
+    call_streams.forget_calls()
+    try:
+        with signals.capture_round() as rnd, call_streams.caller_only():
+            yield rnd
+            consume_done(signals, rnd, peers, sorted(rnd.unconsumed_done),
+                         current_stream_handle(device))
+    finally:
+        call_streams.forget_calls()
+
+
+def fence(signals: Any, rnd: TokenRound, peers: list[int], lo: int, hi: int,
+          stream: int) -> None:
+    """The reuse fence inside a capture: ``stream`` waits for (and consumes) the done
+    tokens of the round's calls whose bytes of ``pub`` overlap [lo, hi)."""
+    hits = [k for k, a, b in rnd.pending if a < hi and lo < b]
+    rnd.pending = [x for x in rnd.pending if x[0] not in hits]
+    consume_done(signals, rnd, peers, hits, stream)
+
+
+def consume_done(signals: Any, rnd: TokenRound, peers: list[int], calls: list[int],
+                 stream: int) -> None:
+    """``stream`` waits for every peer's done token of each of ``calls``, consuming it."""
+    for k in calls:
+        sig = rnd.unconsumed_done.pop(k)
+        for p in peers:
+            signals.wait_token(p, "done", k, sig, stream)
+
