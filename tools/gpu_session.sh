@@ -23,7 +23,7 @@ for f in ${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}; do
         echo "$f: not run (deadline)" >> "$out/summary.log"; continue
     fi
     log=/tmp/gpu_session_$(basename "$f" .py).log  # this file's output only
-    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short "$f" > "$log" 2>&1
+    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -o faulthandler_timeout=60 "$f" > "$log" 2>&1
     rc=$?  # kept: a crash at interpreter exit (139) follows the pytest summary line
     { echo "===== $f"; cat "$log"; } >> "$out/pytest_full.log"
     verdict=$(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$log" | tail -1)  # pytest's last line
