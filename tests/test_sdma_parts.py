@@ -3,6 +3,7 @@ the copy layer's bindings (argument building, missing packages), flags and gates
 
 import importlib.util
 import sys
+import types
 
 import pytest
 
@@ -127,6 +128,27 @@ def test_hip_calls_are_built_against_the_real_api(monkeypatch):
     assert fake.calls[5][1] == (7, 0x3000, 6, 1, MASK64)
 
 
+def test_hip_batch_runs_each_operation_in_order(monkeypatch):
+    fake = FakeHip()
+    monkeypatch.setattr(hip_ops, "_hip", lambda: fake)
+    hip_ops.hip_batch(7, [("wait_eq", 0x3000, 5), ("write", 0x3000, 0), ("write", 0x3008, 9)])
+    assert fake.calls == [("hipStreamWaitValue64", (7, 0x3000, 5, 1, MASK64)),
+                          ("hipStreamWriteValue64", (7, 0x3000, 0, 0)),
+                          ("hipStreamWriteValue64", (7, 0x3008, 9, 0))]
+    with pytest.raises(ValueError, match="'wait_geq'"):
+        hip_ops.hip_batch(7, [("wait_geq", 0x3000, 1)])
+
+
+@pytest.mark.parametrize("version, says", [
+    ("6.4.43482-0f2d60242", "ROCm 6.4: stream capture does not record hipStreamWaitValue"),
+    ("7.1.25424", "ROCm 7.1: stream capture does not record"),
+    ("10.0.0", "ROCm 10.0: captured op calls are not built for ROCm yet"),
+    (None, "runtime version None not understood"),
+    ("rocm-dev", "'rocm-dev' not understood")])
+def test_hip_capture_reason_names_the_runtime(version, says):
+    assert says in hip_ops.hip_capture_reason(version)
+
+
 def test_hip_errors_are_reported(monkeypatch):
     monkeypatch.setattr(hip_ops, "_hip", lambda: FakeHip(err=1))
     with pytest.raises(CopyEngineError, match="hipMemcpyPeerAsync.*hipErrorInvalidValue \\(1\\)"):
@@ -148,6 +170,14 @@ class FakeCudaModule:
     class CUstreamWaitValue_flags:
         CU_STREAM_WAIT_VALUE_GEQ = 0
         CU_STREAM_WAIT_VALUE_EQ = 1
+
+    class CUstreamBatchMemOpType:
+        CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1
+        CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2
+
+    class CUstreamBatchMemOpParams:
+        def __init__(self):
+            self.writeValue, self.waitValue = types.SimpleNamespace(), types.SimpleNamespace()
 
     def __init__(self, calls, err=0):
         self.calls, self.err = calls, err
@@ -175,9 +205,39 @@ def test_cuda_calls_are_built_against_the_real_api(monkeypatch):
         assert calls[0][1][4] == 7
         assert calls[1][1] == (7, 0x3000, 5, 0)  # the low 32 bits only
         assert calls[2][1] == (7, 0x3000, 5, 0) and calls[3][1] == (7, 0x3000, 6, 1)
+        # 300 operations: two calls (fewer than 256 each), in order, values cut to 32 bits
+        ops = [("wait_eq", 0x4000 + 8 * i, 2 ** 32 + i) if i % 2 else ("write", 0x4000 + 8 * i, i)
+               for i in range(300)]
+        cuda_ops.cuda_batch(7, ops)
+        batches = [c[1] for c in calls[4:]]
+        assert [(b[0], b[1], len(b[2]), b[3]) for b in batches] == [(7, 255, 255, 0), (7, 45, 45, 0)]
+        params = batches[0][2] + batches[1][2]
+        for (what, addr, value), p in zip(ops, params):
+            v = p.writeValue if what == "write" else p.waitValue
+            assert (v.operation, v.address, v.value, v.flags) == (
+                (2, addr, value, 0) if what == "write" else (1, addr, value - 2 ** 32, 1))
+        with pytest.raises(ValueError, match="'wait_geq'"):
+            cuda_ops.cuda_batch(7, [("wait_geq", 0x4000, 1)])
         fake.err = 1
         with pytest.raises(CopyEngineError, match="cuStreamWaitValue32 failed"):
             cuda_ops.cuda_wait_value(7, 0x3000, 6, equal=True)
+    finally:
+        cuda_ops._cuda_calls.cache_clear()
+
+
+def test_cuda_batch_params_with_the_real_bindings():
+    """The batch's parameter structs as the installed cuda-bindings builds them (no GPU
+    needed to build them): one wait and its reset, in order."""
+    pytest.importorskip("cuda.bindings")
+    cuda_ops._cuda_calls.cache_clear()
+    try:
+        wait, write = cuda_ops.cuda_batch_params([("wait_eq", 0x2000, 2 ** 33 + 7),
+                                                  ("write", 0x2000, 0)])
+        assert wait.operation.name == "CU_STREAM_MEM_OP_WAIT_VALUE_32"
+        assert (int(wait.waitValue.address), int(wait.waitValue.value)) == (0x2000, 7)
+        assert wait.waitValue.flags == 1  # CU_STREAM_WAIT_VALUE_EQ
+        assert write.operation.name == "CU_STREAM_MEM_OP_WRITE_VALUE_32"
+        assert (int(write.writeValue.address), int(write.writeValue.value)) == (0x2000, 0)
     finally:
         cuda_ops._cuda_calls.cache_clear()
 

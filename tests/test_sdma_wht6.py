@@ -109,9 +109,10 @@ def test_auto_rule_and_row_shards():
         "oneshot"}
     assert [auto_schedule_wht6(n, w) for n in (big - 1, big) for w in (4, 8)] == [
         "oneshot", "oneshot", "twoshot", "twoshot"]
-    # measured: 8192 x 5120 (31.25 MiB of payload) two-shot, 4096 rows (15.6 MiB) one-shot
-    assert auto_schedule_wht6(8192 * 4000, 4) == "twoshot"
-    assert auto_schedule_wht6(4096 * 4000, 4) == "oneshot"
+    # measured with replayed calls at N = 5120 (4000 payload bytes a row): two-shot won
+    # from 1024 rows (3.9 MiB) on; 512 rows (1.95 MiB) was not measured and stays one-shot
+    assert auto_schedule_wht6(1024 * 4000, 4) == "twoshot"
+    assert auto_schedule_wht6(512 * 4000, 4) == "oneshot"
     # The docstring's example: M = 8192, cols = 5120, W = 4.
     payload = 8192 * 4000
     assert wht6.payload_shape(8192, 5120) == (8192, 4000)

@@ -27,15 +27,15 @@
 - auto (:func:`auto_schedule_wht6`): two-shot from ``WHT6_TWOSHOT_MIN_WORLD`` = 4 ranks
   on for a payload of at least ``AUTO_WHT6_TWOSHOT_MIN_BYTES`` per call, else one-shot.
   At W = 2 both pull one payload and two-shot only adds a quantization; W = 3 was not
-  measured, so one-shot is kept there. The byte threshold is the crossover measured on
-  one H200 with 4 emulated ranks (tools/results/2026-12-03-h200-wht6-schedules/). There a
-  two-shot call costs the host about 1.1 ms whatever its size (four codec launches, two
-  flag rounds; one-shot about 0.25 ms), so it wins only where the halved bytes take
-  longer than that: a call of 8192 x 5120 (31.25 MiB of payload) ran in 1.49 ms against
-  2.08 ms one-shot, one of 4096 rows (15.6 MiB) tied (1.14 against 1.10 ms), one of 2048
-  rows (7.8 MiB) lost (1.11 against 0.63 ms). Inside the op the same holds per slice: at
-  M = 8192 the op ran 1.83 ms unsliced two-shot, 2.44 ms at S = 4 one-shot (its best),
-  and two-shot at S = 2 and 4 ran 2.83 and 4.11 ms.
+  measured, so one-shot is kept there. The byte threshold comes from replayed op calls
+  (one launch per call, :mod:`radiance_ar.overlap.graphs`) on one H200 with 4 emulated
+  ranks, N = 5120, unsliced (tools/results/2026-12-04-h200-replayed-schedules/): two-shot
+  won at every size measured, 0.253 against 0.351 ms at 1024 rows (3.9 MiB of payload),
+  0.450 / 0.649 at 2048, 0.841 / 1.256 at 4096, 1.618 / 2.478 at 8192; under 1024 rows
+  it was not measured, and one-shot (half the steps) is kept there. Enqueued step by
+  step, a two-shot call cost the host about 1.1 ms whatever its size and lost up to 15.6
+  MiB (tools/results/2026-12-03-h200-wht6-schedules/); a replayed call costs the host
+  0.09-0.18 ms, so that crossover no longer applies.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ import math
 AUTO_TWOSHOT_MIN_BYTES = 1 << 20
 #: sdma_wht6 auto: two-shot only from this world size on (module doc)
 WHT6_TWOSHOT_MIN_WORLD = 4
-#: sdma_wht6 auto: two-shot from this many payload bytes per call, between the measured
-#: tie at 15.6 MiB and the win at 31.25 MiB (W = 4; module doc)
-AUTO_WHT6_TWOSHOT_MIN_BYTES = 24 << 20
+#: sdma_wht6 auto: two-shot from this many payload bytes per call: the smallest measured
+#: win of replayed calls, 1024 x 5120 rows = 3.9 MiB, rounded down (W = 4; module doc)
+AUTO_WHT6_TWOSHOT_MIN_BYTES = 3 << 20
 # Two-shot shard bounds start on 16-byte boundaries: vectors for the reduce kernel, and
 # the codec kernels see the pointer alignment of every other call (Triton specializes on
 # it, and a first compile while a peer's stream waits can deadlock emulated ranks).

@@ -92,19 +92,19 @@ class SdmaWht6Backend(TransportBackend):
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
     stage_reduced = True  # emulated: the re-encoded shard is written to device memory first
     world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
-    # W >= 4: unsliced is fastest (H200, 4 emulated ranks, M = 8192: 1.684 ms at S = 1
-    # against 2.480 at S = 4 and 2.590 at S = 8 with replayed op calls,
-    # tools/results/2026-12-04-h200-graphs/compare-w4.json; 1.592 against 2.280 and 2.420
-    # enqueued step by step, tools/results/2026-12-03-h200-final-2/): auto runs a slice
-    # one-shot (twice two-shot's bytes) and forced two-shot won only at S = 2 (1.478 ms).
+    # W = 3 was not measured: unsliced
     preferred_slices = 1
 
     @classmethod
     def preferred_slices_for(cls, world_size: int) -> int:
-        # W = 2 (one-shot is the only schedule), replayed op calls: 1.211 ms at S = 4 against
-        # 1.342 (S = 1) and 1.296 (S = 8) at M = 8192; 2.322 against 2.746 and 2.392 at
-        # 16384 (tools/results/2026-12-04-h200-graphs/compare-w2.json)
-        return 4 if world_size == 2 else cls.preferred_slices
+        # Replayed op calls, H200, M = 8192, N = 5120. W = 2 (one-shot, the only schedule):
+        # 1.211 ms at S = 4 against 1.342 (S = 1) and 1.296 (S = 8); 2.322 against 2.746 and
+        # 2.392 at 16384 (tools/results/2026-12-04-h200-graphs/compare-w2.json). W = 4
+        # (two-shot per slice): 1.472 ms at S = 2 against 1.618 (S = 1), 1.701 (S = 4) and
+        # 1.928 (S = 8) (tools/results/2026-12-04-h200-replayed-schedules/).
+        if world_size == 2:
+            return 4
+        return 2 if world_size >= WHT6_TWOSHOT_MIN_WORLD else cls.preferred_slices
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):

@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 
 from radiance_ar.transport.copy_engine import bindings_reason, platform
+from radiance_ar.transport.hip_ops import hip_capture_reason
 from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend
@@ -134,9 +135,10 @@ class TransportBackend(Backend):
     def replay_reason(self, forced: bool = False) -> str | None:
         if self.world.size == 1:
             return "one rank: the op's all-reduce is a copy"
-        if self.world.device.type != "cuda" or platform(self.world.device) != "cuda":
-            return (f"{platform(self.world.device)}: captured op calls are built for CUDA only "
-                    "(on ROCm, stream wait/write-value capture needs a newer runtime)")
+        if self.world.device.type != "cuda":
+            return f"{self.world.device.type}: captured op calls need a GPU"
+        if platform(self.world.device) == "hip":
+            return hip_capture_reason(torch.version.hip)
         if self.transport.trace is not None:
             return "a step trace is recording (it times each step as it is enqueued)"
         if self.world.kind == "gpu-emulated" and not forced and not self.transport.all_passive:

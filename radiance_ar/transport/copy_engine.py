@@ -43,10 +43,10 @@ import torch
 
 from radiance_ar.streams import stream_object
 
-from radiance_ar.transport.cuda_ops import (_cuda, _cuda_ok, cuda_copy, cuda_device_pointer,
-    cuda_wait_value, cuda_write_value)
-from radiance_ar.transport.hip_ops import (_hip, _hip_ok, hip_copy, hip_peer_copy, hip_wait_value,
-    hip_write_value)
+from radiance_ar.transport.cuda_ops import (_cuda, _cuda_ok, cuda_batch, cuda_copy,
+    cuda_device_pointer, cuda_wait_value, cuda_write_value)
+from radiance_ar.transport.hip_ops import (_hip, _hip_ok, hip_batch, hip_copy, hip_peer_copy,
+    hip_wait_value, hip_write_value)
 from radiance_ar.transport.runtime_errors import BindingsMissing
 
 
@@ -205,7 +205,9 @@ class CopyEngine:
         self._route = Route(self.platform)  # every copy's route off ROCm (:meth:`route`)
         #: ``write_value(stream, addr, value)``: enqueue a flag write (GPU only);
         #: ``wait_value_geq`` / ``wait_value_eq(stream, addr, value)``: later work of the
-        #: stream waits until the flag reaches (cyclic GEQ) / equals ``value`` (GPU only)
+        #: stream waits until the flag reaches (cyclic GEQ) / equals ``value`` (GPU only);
+        #: ``batch(stream, ops)``: ``("write" | "wait_eq", addr, value)`` operations in order,
+        #: one graph node on CUDA (GPU only)
         self._bind_signal_ops()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> int:
@@ -245,12 +247,15 @@ class CopyEngine:
             self.write_value = cuda_write_value
             self.wait_value_geq = functools.partial(cuda_wait_value, equal=False)
             self.wait_value_eq = functools.partial(cuda_wait_value, equal=True)
+            self.batch = cuda_batch
         elif self.platform == "hip":
             self.write_value = hip_write_value
             self.wait_value_geq = functools.partial(hip_wait_value, equal=False)
             self.wait_value_eq = functools.partial(hip_wait_value, equal=True)
+            self.batch = hip_batch
         else:
             self.write_value = self.wait_value_geq = self.wait_value_eq = _host_signals_only
+            self.batch = _host_signals_only
 
     def device_address(self, t: torch.Tensor) -> int:
         """The address a stream operation on this device uses for ``t`` (pinned host too)."""

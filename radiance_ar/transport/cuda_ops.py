@@ -36,6 +36,10 @@ class _CudaCalls:
     wait32: Any
     wait_eq: Any
     wait_geq: Any
+    batch: Any
+    batch_params: Any
+    op_write: Any
+    op_wait: Any
 
 
 @functools.cache
@@ -46,7 +50,10 @@ def _cuda_calls() -> _CudaCalls:
                       driver.cuStreamWriteValue32,
                       driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
                       driver.cuStreamWaitValue32, wait.CU_STREAM_WAIT_VALUE_EQ,
-                      wait.CU_STREAM_WAIT_VALUE_GEQ)
+                      wait.CU_STREAM_WAIT_VALUE_GEQ, driver.cuStreamBatchMemOp,
+                      driver.CUstreamBatchMemOpParams,
+                      driver.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                      driver.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32)
 
 
 def _cuda_ok(result: tuple, call: str) -> tuple:
@@ -88,3 +95,43 @@ def cuda_device_pointer(host_ptr: int) -> int:
     (dev_ptr,) = _cuda_ok(runtime.cudaHostGetDevicePointer(host_ptr, 0),
                           "cudaHostGetDevicePointer")
     return int(dev_ptr)
+
+
+#: cuStreamBatchMemOp takes fewer than 256 operations per call
+BATCH_MAX_OPS = 255
+
+
+def cuda_batch_params(ops: list[tuple[str, int, int]]) -> list:
+    """The ``CUstreamBatchMemOpParams`` of ``ops``: ``("write", addr, value)`` (default
+    flags: earlier writes of the stream are visible first) or ``("wait_eq", addr, value)``."""
+    api = _cuda_calls()
+    params = []
+    for what, addr, value in ops:
+        p = api.batch_params()
+        if what == "write":
+            p.writeValue.operation = api.op_write
+            p.writeValue.address = addr
+            p.writeValue.value = value & MASK32
+            p.writeValue.flags = api.write_default
+        elif what == "wait_eq":
+            p.waitValue.operation = api.op_wait
+            p.waitValue.address = addr
+            p.waitValue.value = value & MASK32
+            p.waitValue.flags = api.wait_eq
+        else:
+            raise ValueError(f"cuda_batch_params: operation {what!r}: expected 'write' or 'wait_eq'")
+        params.append(p)
+    return params
+
+
+def cuda_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
+    """``ops`` (see :func:`cuda_batch_params`) in one ``cuStreamBatchMemOp``, in order.
+
+    Why batched: in a captured op call every operation is a graph node, and a graph's
+    launch costs the host per node; a token post to W-1 peers, or a wait and its reset,
+    become one node instead of W-1 or two.
+    """
+    api = _cuda_calls()
+    for lo in range(0, len(ops), BATCH_MAX_OPS):
+        chunk = cuda_batch_params(ops[lo:lo + BATCH_MAX_OPS])
+        _cuda_ok(api.batch(stream, len(chunk), chunk, 0), f"cuStreamBatchMemOp({len(chunk)} ops)")

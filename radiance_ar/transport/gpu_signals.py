@@ -80,23 +80,30 @@ class GpuSignals(Signals):
         yield self.epoch
 
     def post_token(self, kind: str, k: int, sig: CallSignature, stream: int) -> None:
-        """Post my token ``kind`` of call ``k`` into every peer's inbox."""
+        """Post my token ``kind`` of call ``k`` into every peer's inbox (one batch)."""
         value = token_value(kind, k, sig)
-        for peer in range(self.size):
-            if peer != self.rank:
-                self.engine.write_value(stream, self.inbox.address(peer, kind, self.rank, k),
-                                        value)
+        self.engine.batch(stream, [("write", self.inbox.address(peer, kind, self.rank, k), value)
+                                   for peer in range(self.size) if peer != self.rank])
 
     def wait_token(self, peer: int, kind: str, k: int, sig: CallSignature, stream: int) -> None:
         """Later work of ``stream`` waits for ``peer``'s token, which it then consumes."""
-        if peer in self._passive:
-            return
+        self.wait_tokens([peer], kind, k, sig, stream)
+
+    def wait_tokens(self, peers: list[int], kind: str, k: int, sig: CallSignature,
+                    stream: int) -> None:
+        """Later work of ``stream`` waits for the token of each of ``peers`` and consumes
+        it: every wait and its reset in one batch (one graph node on CUDA)."""
         value = token_value(kind, k, sig)
-        addr = self.inbox.address(self.rank, kind, peer, k)
-        self.engine.wait_value_eq(stream, addr, value)
-        self.engine.write_value(stream, addr, 0)
-        index = (addr - self.inbox.addresses[self.rank]) // SLOT_BYTES
-        self.round.awaited.append(Awaited(index, value, peer, kind, k, sig))
+        ops = []
+        for peer in peers:
+            if peer in self._passive:
+                continue
+            addr = self.inbox.address(self.rank, kind, peer, k)
+            ops += [("wait_eq", addr, value), ("write", addr, 0)]
+            index = (addr - self.inbox.addresses[self.rank]) // SLOT_BYTES
+            self.round.awaited.append(Awaited(index, value, peer, kind, k, sig))
+        if ops:
+            self.engine.batch(stream, ops)
 
     def replayed(self, awaited: list[Awaited], stream: int) -> None:
         """A graph holding ``awaited`` was launched on ``stream``: :meth:`check` bounds it."""

@@ -64,3 +64,36 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
     hip = _hip()
     _hip_ok("hipStreamWaitValue64", hip.hipStreamWaitValue64, stream, addr, value & MASK64,
             int(hip.hipStreamWaitValueEq if equal else hip.hipStreamWaitValueGte), MASK64)
+
+
+def hip_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
+    """``ops`` (``("write", addr, value)`` / ``("wait_eq", addr, value)``) in order, one
+    call each: ``hipStreamBatchMemOp`` exists from ROCm 6.4 but was never run here."""
+    for what, addr, value in ops:
+        if what == "write":
+            hip_write_value(stream, addr, value)
+        elif what == "wait_eq":
+            hip_wait_value(stream, addr, value, equal=True)
+        else:
+            raise ValueError(f"hip_batch: operation {what!r}: expected 'write' or 'wait_eq'")
+
+
+#: the first ROCm whose stream capture records hipStreamWaitValue / hipStreamWriteValue
+#: (the clr changelog); before it only hipGraphAddBatchMemOpNode (6.4+, beta) builds them
+HIP_CAPTURES_STREAM_MEM_OPS = (10, 0)
+
+
+def hip_capture_reason(hip_version: str | None) -> str:
+    """Why the op's sliced calls are not captured into graphs on this ROCm (always a
+    reason today: the captured path was written and measured on CUDA only)."""
+    try:
+        major, minor = (int(p) for p in (hip_version or "").split(".")[:2])
+    except ValueError:
+        return f"ROCm: runtime version {hip_version!r} not understood; captured op calls are off"
+    if (major, minor) < HIP_CAPTURES_STREAM_MEM_OPS:
+        need = ".".join(map(str, HIP_CAPTURES_STREAM_MEM_OPS))
+        return (f"ROCm {major}.{minor}: stream capture does not record hipStreamWaitValue / "
+                f"hipStreamWriteValue before ROCm {need}; every step is enqueued")
+    return (f"ROCm {major}.{minor}: captured op calls are not built for ROCm yet (inside a "
+            "graph peer copies must be hipMemcpyAsync: hipMemcpyPeerAsync has no capture "
+            "hook); every step is enqueued")

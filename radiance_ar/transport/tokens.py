@@ -128,7 +128,7 @@ class Inbox:
 
 
 # ------------------------------------------------------------------ a capture's steps
-# ``signals`` is a GpuSignals (its ``capture_round`` and ``wait_token``), ``call_streams``
+# ``signals`` is a GpuSignals (its ``capture_round`` and ``wait_tokens``), ``call_streams``
 # a CallStreams: the copy transport passes its own (CopyTransport.capture_round, .fence).
 
 @contextlib.contextmanager
@@ -162,7 +162,5 @@ def consume_done(signals: Any, rnd: TokenRound, peers: list[int], calls: list[in
                  stream: int) -> None:
     """``stream`` waits for every peer's done token of each of ``calls``, consuming it."""
     for k in calls:
-        sig = rnd.unconsumed_done.pop(k)
-        for p in peers:
-            signals.wait_token(p, "done", k, sig, stream)
+        signals.wait_tokens(peers, "done", k, rnd.unconsumed_done.pop(k), stream)
 
