@@ -73,6 +73,10 @@ DEFAULTS = {"gpu": {"model": "llama-3.1-70b", "tokens": 16384, "chunk": 8192},
             "cpu": {"model": "tiny", "tokens": 160, "chunk": 64}}
 
 
+def _slices(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive(text)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -103,7 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--producer", default="bf16",
                    help="GEMM producer of every linear (a registered name: "
                         "radiance_ar.overlap.producers.names())")
-    p.add_argument("--slices", type=_positive, default=4, help="slices S of the on arms")
+    p.add_argument("--slices", type=_slices, default="auto",
+                   help="slices S of the on arms, or auto: each backend's own at this TP "
+                        "degree (what the op runs by default); default %(default)s")
     p.add_argument("--baseline", default=None,
                    help="the backend whose off arm every arm is also compared with (column "
                         "'vs base'); default: stock where a vendor collective exists, the "

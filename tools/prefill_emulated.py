@@ -22,7 +22,7 @@ from radiance_ar.backends.interface import Backend
 from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.plan import row_bounds
-from prefill_measure import (Spec, add_figures, gate_reason, off_arm_parts, op_of, settings,
+from prefill_measure import (Spec, add_figures, arm_slices, gate_reason, off_arm_parts, op_of, settings,
                              time_prefill, verdict)
 from prefill_stack import DTYPE, ShardModel, prefill_steps, run_alone, run_lockstep
 
@@ -68,7 +68,7 @@ def _verify_emulated(spec: Spec, models, chunks, name: str, device) -> tuple[dic
     """The off and on arms of backend ``name`` with all W ranks active (each its stream)."""
     ranks = EmulatedRanks(len(models), device)
     off_rts = [overlap.build(w, settings(spec, name, 1)) for w in ranks.worlds]
-    on_rts = [overlap.build(w, settings(spec, name, spec.slices)) for w in ranks.worlds]
+    on_rts = [overlap.build(w, settings(spec, name)) for w in ranks.worlds]
     try:
         def grow(rank: int) -> None:
             for rt in (off_rts[rank], on_rts[rank]):
@@ -108,7 +108,7 @@ def op_slice_rows(spec: Spec, model: ShardModel) -> set[int]:
     alignment, through the op's own bounds (``plan.row_bounds``)."""
     sizes = set()
     for name in spec.backends:
-        on = settings(spec, name, spec.slices)
+        on = settings(spec, name)
         for rows in set(spec.chunk_rows):
             bounds = row_bounds(model.producer, rows, on.slices, on.plan, backends.get(name))
             sizes.update(b - a for a, b in zip(bounds[:-1], bounds[1:]))
@@ -146,7 +146,7 @@ def emulated_run(spec: Spec, device: torch.device, log=print) -> list[dict]:
         log(f"{name}: verifying with {size} active ranks ...")
         off, on = _verify_emulated(spec, models, chunks, name, device)
         off = dict(base, arm="off", backend=name, slices=1, **off)
-        on = dict(base, arm="on", backend=name, slices=spec.slices, **on)
+        on = dict(base, arm="on", backend=name, slices=arm_slices(spec, name), **on)
         records += [off, on]
         if not (off["correct"] and on["correct"]):
             continue
@@ -163,7 +163,7 @@ def _time_emulated(spec: Spec, model: ShardModel, chunks, name: str, device, off
                    on: dict) -> None:
     world = emulated_worlds(spec.shapes.tp, device)[0]
     off_rt = overlap.build(world, settings(spec, name, 1))
-    on_rt = overlap.build(world, settings(spec, name, spec.slices))
+    on_rt = overlap.build(world, settings(spec, name))
     try:
         for rt in (off_rt, on_rt):
             rt.backend.ensure_capacity(max(spec.chunk_rows), spec.shapes.hidden, DTYPE)

@@ -60,7 +60,8 @@ class Spec:
     layers: int
     chunk_rows: tuple[int, ...]
     producer: str = "bf16"
-    slices: int = 4
+    #: S of the on arms: an int, or ``auto`` (each backend's preferred S for the world size)
+    slices: int | str = "auto"
     backends: tuple[str, ...] = ()
     reps: int = 20
     warmup: int = 3
@@ -118,10 +119,20 @@ def gate_reason(name: str, world: World, cols: int) -> str | None:
     return reason if reason is not None else cls.unsupported_cols_reason(cols)
 
 
-def settings(spec: Spec, backend: str, slices: int) -> OverlapSettings:
-    # min_m = 1: every chunk takes the sliced path (the emulated world has no vendor
-    # collective for the decode path, and every prefill chunk here is a full forward)
-    return OverlapSettings(True, backend, 1, slices, spec.knobs)
+def arm_slices(spec: Spec, backend: str) -> int:
+    """The S of ``backend``'s on arm: ``spec.slices``, or for ``auto`` what the op runs
+    with RADIANCE_AR_OVERLAP_SLICES=auto at this TP degree."""
+    if spec.slices == "auto":
+        return backends.get(backend).preferred_slices_for(spec.shapes.tp)
+    return spec.slices
+
+
+def settings(spec: Spec, backend: str, slices: int | None = None) -> OverlapSettings:
+    """The runtime settings of ``backend``'s arm (S: ``slices``, default its on arm's).
+    min_m = 1: every chunk takes the sliced path (the emulated world has no vendor
+    collective for the decode path, and every prefill chunk here is a full forward)."""
+    return OverlapSettings(True, backend, 1, arm_slices(spec, backend) if slices is None
+                           else slices, spec.knobs)
 
 
 def op_of(rt: overlap.OverlapRuntime, producer: str):
@@ -275,10 +286,10 @@ def process_world_job(world: World, spec: Spec) -> list[dict]:
         if reason is not None:
             records.append(dict(base, arm="on", backend=name, skipped=reason, correct=None))
             continue
-        rt = overlap.build(world, settings(spec, name, spec.slices))
+        rt = overlap.build(world, settings(spec, name))
         try:
             rec, out = _verify_process(world, spec, model, chunks, rt, off_out)
-            rec = dict(base, arm="on", backend=name, slices=spec.slices, **rec)
+            rec = dict(base, arm="on", backend=name, slices=arm_slices(spec, name), **rec)
             if spec.keep_outputs:
                 rec["output"] = out
             if gpu and rec["correct"]:
