@@ -116,6 +116,9 @@ class Backend(abc.ABC):
         #: (M, K, layer) of the linear whose slices are being reduced (:meth:`set_call_key`);
         #: it joins every call's signature, so ranks in different linears do not pair up
         self._call_key: tuple[int, int, int] = (0, 0, 0)
+        #: RADIANCE_AR_BACKEND=auto: the tuning word every call's signature carries
+        #: (``CallSignature.tuning``; set by the auto runtime that built this backend)
+        self.tuning_word = 0
 
     def set_call_key(self, rows: int, k: int, layer: int = 0) -> None:
         """The op, before a call's slices: M and K of the whole linear and the layer's
@@ -125,7 +128,7 @@ class Backend(abc.ABC):
     def signature(self, slice_in: torch.Tensor, path: str = "flags") -> CallSignature:
         """What every rank must agree on for a call reducing ``slice_in``."""
         return CallSignature(slice_in.shape[0], slice_in.shape[1], slice_in.dtype, path,
-                             *self._call_key)
+                             *self._call_key, tuning=self.tuning_word)
 
     @contextlib.contextmanager
     def vendor_call(self, t: torch.Tensor) -> Iterator[None]:

@@ -1,0 +1,128 @@
+"""``RADIANCE_AR_BACKEND=auto`` in a runtime: per call, the configuration a tuning table
+measured fastest, run by a runtime of its own (radiance_ar/overlap/tuning.py).
+
+The auto runtime's own backend is the *contract* backend (``sdma``, which every world
+kind serves): before its first call, every rank makes one small all-reduce on it whose
+signature carries the table's word (``CallSignature.tuning``). All ranks make that call
+on the same backend whatever their tables say, so ranks that loaded different tables (or
+ask for different accuracy classes) meet a :class:`CollectiveMismatchError` there, on
+every rank, instead of running different protocols against each other. Every backend an
+auto runtime builds carries the word in every call's signature too.
+
+Each chosen (backend, S, plan) gets a child runtime, built on first use (collective: the
+choice is the same on every rank) and kept: at most one per distinct configuration in
+the table. Children share the parent's layer numbers and scratch buffers; one call runs
+at a time (the parent's lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from radiance_ar import backends
+from radiance_ar.overlap import tuning
+from radiance_ar.overlap.config import OverlapSettings
+
+if TYPE_CHECKING:
+    from radiance_ar.overlap.runtime import OverlapRuntime
+    from radiance_ar.transport.world import World
+
+logger = logging.getLogger("radiance_ar")
+
+#: the backend of the agreement call (module doc): exact, and served by every world kind
+CONTRACT_BACKEND = "sdma"
+#: the agreement call's width: one row of float32
+_AGREE_COLS = 64
+
+#: tables already announced as not measured here (the warning is said once per process)
+_announced: set[str] = set()
+
+
+def table_for(settings: OverlapSettings) -> tuning.TuningTable:
+    """The table ``settings`` name (``tuning``; "": the shipped one), loaded and checked."""
+    return tuning.load(settings.tuning) if settings.tuning else tuning.shipped()
+
+
+def announce(table: tuning.TuningTable, device: str) -> None:
+    """Once per process: say that the shipped table was not measured on this machine."""
+    if table.shipped and table.digest not in _announced:
+        _announced.add(table.digest)
+        logger.warning("RADIANCE_AR_BACKEND=auto without RADIANCE_AR_TUNING: choosing from %s, "
+                       "not measured on this machine (%s); run tools/tune.py here and set "
+                       "RADIANCE_AR_TUNING to its file", table.describe(), device)
+
+
+def usable_in(world: "World"):
+    """``backend name -> whether its gate lets it serve world``."""
+    return lambda name: backends.get(name).unsupported_reason(world) is None
+
+
+class AutoChoices:
+    """The auto runtime's table, its word, its per-shape choices and child runtimes."""
+
+    def __init__(self, world: "World", settings: OverlapSettings, table: tuning.TuningTable):
+        self.world, self.settings, self.table = world, settings, table
+        self.word = table.signature_word(settings.accuracy)
+        self._choices: dict[tuple[int, int, str], tuning.Choice] = {}
+        self._children: dict[tuple[str, int, str], "OverlapRuntime"] = {}
+        self._agreed = False
+
+    def choice(self, rows: int, cols: int, producer: str) -> tuning.Choice:
+        """:func:`tuning.choose` for this world, cached per (M, N, producer)."""
+        key = (rows, cols, producer)
+        if key not in self._choices:
+            self._choices[key] = tuning.choose(self.table, self.world.size, cols, rows, producer,
+                                               self.settings.accuracy, usable_in(self.world))
+        return self._choices[key]
+
+    def agree(self, parent: "OverlapRuntime") -> None:
+        """Collective, once: the agreement call on the contract backend (module doc)."""
+        if self._agreed:
+            return
+        backend = parent.backend
+        one = torch.zeros(1, _AGREE_COLS, dtype=torch.float32, device=self.world.device)
+        backend.ensure_capacity(1, _AGREE_COLS, one.dtype)
+        backend.set_call_key(0, 0, 0)
+        backend.all_reduce(one, one)
+        self._agreed = True
+
+    def runtime_for(self, parent: "OverlapRuntime", rows: int, cols: int,
+                    producer: str) -> "OverlapRuntime":
+        """The child runtime of this call's choice (built on first use: collective)."""
+        from radiance_ar.overlap.runtime import OverlapRuntime
+
+        self.agree(parent)
+        c = self.choice(rows, cols, producer)
+        key = (c.backend, c.slices, c.plan)
+        if key not in self._children:
+            settings = dataclasses.replace(self.settings, backend=c.backend, slices=c.slices,
+                                           plan=c.plan)
+            backend = backends.get(c.backend)(self.world, settings.backend_settings)
+            backend.tuning_word = self.word
+            self._children[key] = OverlapRuntime(self.world, settings, backend,
+                                                 scratch=parent.scratch, _layers=parent._layers)
+        return self._children[key]
+
+    def close(self) -> None:
+        for child in self._children.values():
+            child.close()
+        self._children.clear()
+
+
+def build_auto(world: "World", settings: OverlapSettings) -> "OverlapRuntime":
+    """Collective: the auto runtime for ``world`` (the table loaded and checked now, so a
+    bad file stops start-up); its backend is the contract backend."""
+    from radiance_ar.overlap.runtime import OverlapRuntime
+
+    table = table_for(settings)
+    announce(table, str(world.device) if world.device.type == "cpu"
+             else torch.cuda.get_device_name(world.device))
+    contract = backends.get(CONTRACT_BACKEND)(world, settings.backend_settings)
+    rt = OverlapRuntime(world, settings, contract)
+    rt.auto = AutoChoices(world, settings, table)
+    contract.tuning_word = rt.auto.word
+    return rt
