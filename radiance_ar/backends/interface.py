@@ -86,6 +86,9 @@ class Backend(abc.ABC):
     #: documented bound on the relative RMS error of the reduced bf16 result vs a float64
     #: sum of the (already bf16-rounded) inputs; the compare tool marks a run wrong above it
     rel_rms_bound: ClassVar[float] = 2.0 ** -7
+    #: the payload is quantized on the wire (RADIANCE_AR_ACCURACY's class ``quantized``:
+    #: ``auto`` chooses it only when asked to); False: the inputs' values are summed as given
+    quantized: ClassVar[bool] = False
     #: False: the op runs GEMM then one unsliced AR with this backend (the baseline)
     pipelined: ClassVar[bool] = True
     #: the slice count the op runs with RADIANCE_AR_OVERLAP_SLICES=auto, chosen from

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radiance_ar import backends
+from radiance_ar.call_contract import CollectiveError, CollectiveMismatchError
 from radiance_ar.overlap import tuning
 from radiance_ar.overlap.config import OverlapSettings
 
@@ -87,8 +88,35 @@ class AutoChoices:
         one = torch.zeros(1, _AGREE_COLS, dtype=torch.float32, device=self.world.device)
         backend.ensure_capacity(1, _AGREE_COLS, one.dtype)
         backend.set_call_key(0, 0, 0)
-        backend.all_reduce(one, one)
+        try:
+            backend.all_reduce(one, one)
+        except CollectiveError as e:
+            theirs = self._other_words(backend)
+            if not theirs:
+                raise
+            # The peer that saw the mismatch first gave up (PeerAbortedError here): name
+            # the cause on this rank too, so every rank reports the same error.
+            raise CollectiveMismatchError(
+                f"RADIANCE_AR_BACKEND=auto: rank {self.world.rank} chooses from "
+                f"{self.table.describe()} with RADIANCE_AR_ACCURACY={self.settings.accuracy} "
+                f"(word {self.word:#010x}); " + ", ".join(
+                    f"rank {r} from another table or accuracy (word {w:#010x})"
+                    for r, w in theirs) + "; every rank must load the same RADIANCE_AR_TUNING "
+                f"and RADIANCE_AR_ACCURACY ({type(e).__name__}: {e})") from e
         self._agreed = True
+
+    def _other_words(self, backend) -> list[tuple[int, int]]:
+        """(rank, word) of every peer whose current call carries another tuning word, as
+        its header shows (host-visible flags only; elsewhere none can be read)."""
+        signals = backend.signals
+        if signals is None or not signals.host_visible:
+            return []
+        out = []
+        for peer in range(self.world.size):
+            sig = signals.peer_header(peer)[1] if peer != self.world.rank else None
+            if sig is not None and sig.tuning != self.word:
+                out.append((peer, sig.tuning))
+        return out
 
     def runtime_for(self, parent: "OverlapRuntime", rows: int, cols: int,
                     producer: str) -> "OverlapRuntime":

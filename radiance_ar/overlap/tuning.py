@@ -18,9 +18,9 @@ producer, each with its measured op time. Its JSON::
     M* = the measured M nearest to the call's M (|log M - log M*| least; a tie: the smaller)
     choice = the row of least t_ms at M*
 
-Accuracy classes: ``exact`` backends add no error beyond rounding the sum once (their
-``rel_rms_bound`` is the interface's default, 2^-7: stock, sdma); ``quantized`` backends
-document a larger bound (sdma_wht6, oneshot_wht6: 2^-5). ``RADIANCE_AR_ACCURACY=exact``
+Accuracy classes (``Backend.quantized``): ``exact`` backends sum the inputs' values as
+given, rounding once (stock, sdma); ``quantized`` ones carry a quantized payload, within
+their ``rel_rms_bound`` (sdma_wht6, oneshot_wht6: 2^-5). ``RADIANCE_AR_ACCURACY=exact``
 (the default) chooses among exact rows only; ``quantized`` among both.
 
 A file that cannot be read, is not this format or version, names a backend, plan or
@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from radiance_ar import backends
-from radiance_ar.backends.interface import Backend
 from radiance_ar.envs import ACCURACY_CLASSES, OVERLAP_PLANS
 
 FORMAT = "radiance-ar-tuning"
@@ -59,9 +58,7 @@ _ROW_KEYS = {"backend": str, "W": int, "N": int, "M": int, "producer": str, "sli
 
 def accuracy_class(backend: str) -> str:
     """``exact`` or ``quantized`` (module doc) for the backend registered as ``backend``."""
-    cls = backends.get(backend)
-    return ACCURACY_CLASSES[0] if cls.rel_rms_bound <= Backend.rel_rms_bound \
-        else ACCURACY_CLASSES[1]
+    return ACCURACY_CLASSES[1] if backends.get(backend).quantized else ACCURACY_CLASSES[0]
 
 
 def allowed_classes(accuracy: str) -> tuple[str, ...]:
@@ -241,3 +238,11 @@ def choose(table: TuningTable, W: int, N: int, M: int, producer: str, accuracy: 
     reason = (f"fastest {accuracy if accuracy == 'exact' else 'exact or quantized'} of "
               f"{len(here)} measured at {where} (W = {W}, N = {N}): {best.t_ms:.3f} ms")
     return Choice(best.backend, best.slices, best.plan, best.schedule, at, best.t_ms, reason)
+
+
+def measured_choices(table: TuningTable, W: int, N: int, producer: str, accuracy: str,
+                     usable: Callable[[str], bool] = lambda name: True) -> list[Choice]:
+    """The choice at every M the table measured for (W, N, producer), smallest M first
+    (the vLLM installer's summary); ``ValueError`` as :func:`choose` where there is none."""
+    ms = sorted({r.M for r in table.rows if (r.W, r.N, r.producer) == (W, N, producer)})
+    return [choose(table, W, N, m, producer, accuracy, usable) for m in ms or [1]]
