@@ -43,7 +43,7 @@ TUNE_SLICES = "1,2,4,8"
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
     """(tune's own options, the compare_backends options the rest of the line names)."""
-    p = argparse.ArgumentParser(description=__doc__, add_help=True,
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="the tuning file to write")
     p.add_argument("--n", type=int_list, default=None,

@@ -80,6 +80,17 @@ KNOB_OF = {
 }
 
 
+def check_tuning(path: str) -> None:
+    """RADIANCE_AR_TUNING, where set, names a tuning file that loads (a typo or a stale
+    file stops start-up, whatever the backend): ``ValueError`` naming the variable."""
+    if path:
+        from radiance_ar.overlap import tuning
+        try:
+            tuning.load(path)
+        except ValueError as e:
+            raise ValueError(f"RADIANCE_AR_TUNING={path!r}: {e}") from None
+
+
 def backend_name(environ: Mapping[str, str] | None = None) -> str:
     """RADIANCE_AR_BACKEND checked: ``auto`` (radiance_ar/overlap/tuning.py), else the
     registry's canonical name (an unknown name raises, naming the variable)."""
@@ -93,6 +104,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
     values = envs.snapshot(environ)
     # the registry's check of the name, and an alias's canonical name
     values["RADIANCE_AR_BACKEND"] = backend_name(environ)
+    check_tuning(values["RADIANCE_AR_TUNING"])
     return OverlapSettings(**{name: values[knob] for name, knob in KNOB_OF.items()},
                            backend_settings=BackendSettings.from_env(environ))
 
@@ -118,6 +130,7 @@ def reconcile(settings: OverlapSettings,
     code.update({knob: (f"backend_settings.{name}", getattr(settings.backend_settings, name))
                  for name, knob in BackendSettings.KNOB_OF.items()})
     given = envs.given(environ)
+    check_tuning(given.get("RADIANCE_AR_TUNING", ""))
     if "RADIANCE_AR_BACKEND" in given:
         # the registry's check of the name; an alias names the same backend as its
         # canonical name, in the environment and in code alike
