@@ -8,11 +8,12 @@ import math
 import os
 
 import pytest
+import torch
 
 import auto_jobs
 from radiance_ar import envs
 from radiance_ar.call_contract import CallSignature
-from radiance_ar.overlap import tuning
+from radiance_ar.overlap import auto, tuning
 from radiance_ar.overlap import vllm_install as vi
 from radiance_ar.overlap.config import OverlapSettings, from_env
 from vllm_stand_ins import StandIn
@@ -103,7 +104,6 @@ def test_a_bad_or_stale_tuning_file_raises_naming_it(tmp_path, content, expected
     with pytest.raises(ValueError, match=f"tuning file {path}: {expected}"):
         tuning.load(path)
     settings = OverlapSettings(True, "auto", 16, "auto", tuning=path)
-    from radiance_ar.overlap import auto
     with pytest.raises(ValueError, match=f"tuning file {path}"):
         auto.table_for(settings)
 
@@ -141,15 +141,10 @@ def test_auto_and_its_knobs_are_settings(table_file):
 
 
 def test_the_tuning_word_is_in_the_signature_and_survives_the_header_words():
-    a = CallSignature(8, 256, envs_dtype(), "flags", 64, 32, 3, tuning=0x5EED1234)
+    a = CallSignature(8, 256, torch.bfloat16, "flags", 64, 32, 3, tuning=0x5EED1234)
     assert CallSignature.from_words(a.words()) == a
-    b = CallSignature(8, 256, envs_dtype(), "flags", 64, 32, 3, tuning=0x5EED1235)
+    b = CallSignature(8, 256, torch.bfloat16, "flags", 64, 32, 3, tuning=0x5EED1235)
     assert a.hash32() != b.hash32() and "auto tuning 0x5eed1234" in a.describe()
-
-
-def envs_dtype():
-    import torch
-    return torch.bfloat16
 
 
 def test_a_table_and_an_accuracy_give_a_word_each(table_file, tmp_path):
@@ -213,7 +208,6 @@ def test_the_vllm_summary_says_per_layer_shape_what_auto_chose_and_why(table_fil
 
 
 def test_without_a_tuning_file_auto_says_once_that_the_table_was_not_measured_here(caplog):
-    from radiance_ar.overlap import auto
     auto._announced.clear()
     with caplog.at_level("WARNING", logger="radiance_ar"):
         for _ in range(3):

@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     p.add_argument("--out", required=True, help="the tuning file to write")
     p.add_argument("--n", type=int_list, default=None,
                    help="output columns N, comma-separated; default compare_backends' N")
+    p.add_argument("--worlds", type=int_list, default=None,
+                   help="world sizes W, comma-separated (one file for all); default --world")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop starting cases after this many minutes (what was measured is "
                         "kept); default no limit")
@@ -127,45 +129,54 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
     device = "gpu" if gpu else "cpu"
     args.m = args.m or TUNE_M[device]
     kind = "gpu-emulated" if gpu else "cpu-shm"
-    todo = []
-    for n in own.n or [None]:
-        args.n = n
-        todo += compare_backends.cases(args, device, kind)
+    todo = []  # (W, case), shape by shape: a run cut short loses whole shapes, not a backend
+    for size in own.worlds or [args.world]:
+        args.world = size
+        for n in own.n or [None]:
+            args.n = n
+            todo += [(size, c) for c in compare_backends.cases(args, device, kind)]
+    todo.sort(key=lambda wc: (wc[0], wc[1].cols, wc[1].rows))
     if gpu:
         from radiance_ar.transport.world import emulated_worlds
         from emulated_measure import measure_emulated
         dev = torch.device("cuda", torch.cuda.current_device())
         hdr = compare_backends.header(kind, "", args.world, torch.cuda.get_device_name(dev))
-        probe = emulated_worlds(args.world, dev)[0]
 
-        def run(case):
-            reason = compare_backends.gate_reason(case.backend, probe)
+        def run(size, case):
+            if size not in probes:  # the gates read a world; one per size
+                probes[size] = emulated_worlds(size, dev)[0]
+            reason = compare_backends.gate_reason(case.backend, probes[size])
             return ({"backend": case.backend, "skipped": reason} if reason is not None
-                    else measure_emulated(case, args.world, dev))
-        pool = None
+                    else measure_emulated(case, size, dev, op_only=True))
     else:
         from radiance_ar.harness.cpu_world import CpuWorldPool
         hdr = compare_backends.header(kind, "", args.world, "cpu")
-        pool = CpuWorldPool(args.world)
 
-        def run(case):
-            return pool.run(compare_backends.run_case, case)[0]
+        def run(size, case):
+            if size not in pools:
+                pools[size] = CpuWorldPool(size)
+            return pools[size].run(compare_backends.run_case, case)[0]
+    pools: dict = {}
+    probes: dict = {}
     head = header_of(hdr, command, own.note)
     records, start, stopped = [], time.monotonic(), None
     try:
-        for i, case in enumerate(todo, 1):
+        for i, (size, case) in enumerate(todo, 1):
             if own.max_minutes is not None and time.monotonic() - start > 60 * own.max_minutes:
                 stopped = f"--max-minutes {own.max_minutes:g} reached after {i - 1} of {len(todo)} cases"
                 break
-            progress(i, len(todo), case.label() + f" N={case.cols}", start)
-            records.append(run(case))
+            progress(i, len(todo), case.label() + f" W={size} N={case.cols}", start)
+            records.append(run(size, case))
             if rows_of(records):
                 tuning.dump(own.out, head, rows_of(records))
     except KeyboardInterrupt:
         stopped = f"interrupted after {len(records)} of {len(todo)} cases"
     finally:
-        if pool is not None:
+        for pool in pools.values():
             pool.close()
+    elapsed = time.monotonic() - start
+    print(f"# {len(records)} of {len(todo)} cases measured in {elapsed:.0f} s "
+          f"({elapsed / max(len(records), 1):.2f} s per case)")
     if stopped:
         print(f"note: {stopped}; {own.out} holds what was measured", file=sys.stderr)
     wrong = [r for r in records if r.get("correct") is False]

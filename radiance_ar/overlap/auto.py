@@ -120,11 +120,26 @@ class AutoChoices:
 
     def runtime_for(self, parent: "OverlapRuntime", rows: int, cols: int,
                     producer: str) -> "OverlapRuntime":
-        """The child runtime of this call's choice (built on first use: collective)."""
+        """The child runtime of this call's choice (built on first use: collective), after
+        the agreement call: ranks whose tables differ would build different backends, and
+        a backend's construction is collective too (emulated ranks: :meth:`prepare`)."""
+        self.agree(parent)
+        return self._child(parent, self.choice(rows, cols, producer))
+
+    def prepare(self, parent: "OverlapRuntime", rows: int, cols: int, dtype: torch.dtype,
+                producer: str) -> "OverlapRuntime":
+        """Collective, no call made: build the child runtime of a call of ``rows`` x ``cols``
+        and grow its backend and the contract backend. Emulated ranks must do this for
+        every rank before any rank's stream can park on a flag (the agreement call's
+        included: radiance_ar/harness/emulated.py, rule 1). Returns the child."""
+        child = self._child(parent, self.choice(rows, cols, producer))
+        child.backend.ensure_capacity(rows, cols, dtype)
+        parent.backend.ensure_capacity(1, _AGREE_COLS, torch.float32)
+        return child
+
+    def _child(self, parent: "OverlapRuntime", c: tuning.Choice) -> "OverlapRuntime":
         from radiance_ar.overlap.runtime import OverlapRuntime
 
-        self.agree(parent)
-        c = self.choice(rows, cols, producer)
         key = (c.backend, c.slices, c.plan)
         if key not in self._children:
             settings = dataclasses.replace(self.settings, backend=c.backend, slices=c.slices,
