@@ -34,9 +34,10 @@ def calls_job(world: World, tuning: str, accuracy: str, ms: list[int]) -> dict:
         res = overlap.forward(rt, x, w, None, "bf16")
         child = rt.for_call(rows, N, "bf16")
         ref = reference(i, world.size, rows, N, K)
+        decode = child is rt  # below MIN_M: GEMM, then the vendor all-reduce (stock)
         out.append({"M": rows, "backend": child.backend.name, "slices": child.settings.slices,
-                    "plan": child.settings.plan, "rel": rel_rms(res, ref),
-                    "bound": child.backend.rel_rms_bound,
+                    "plan": child.settings.plan, "rel": rel_rms(res, ref), "decode": decode,
+                    "bound": (rt.stock if decode else child.backend).rel_rms_bound,
                     "word": child.backend.tuning_word})
     dist.barrier(group=world.group)
     rt.close()

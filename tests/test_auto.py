@@ -165,12 +165,16 @@ def pool(cpu_world):
 def test_the_op_under_auto_runs_each_calls_choice_and_is_right(pool, tmp_path, accuracy):
     path = str(tmp_path / "tuning.json")
     tuning.dump(path, HEADER, ROWS)
-    ms = [64, 100, 256, 64]
+    ms = [64, 100, 8, 256, 64]  # 8: below MIN_M, the decode path
     res = pool.run(auto_jobs.calls_job, path, accuracy, ms)
     classes = ("exact",) if accuracy == "exact" else ("exact", "quantized")
     assert res[0]["word"] == res[1]["word"] == tuning.load(path).signature_word(accuracy)
     for rank in res:
         for call in rank["calls"]:
+            assert call["decode"] == (call["M"] < auto_jobs.MIN_M), call
+            if call["decode"]:
+                assert call["rel"] <= call["bound"], call
+                continue
             want = reference_choice(ROWS, call["M"], classes)
             assert (call["backend"], call["slices"], call["plan"]) == \
                 (want["backend"], want["slices"], want["plan"])

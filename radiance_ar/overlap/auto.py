@@ -9,7 +9,9 @@ ask for different accuracy classes) meet a :class:`CollectiveMismatchError` ther
 every rank, instead of running different protocols against each other. Every backend an
 auto runtime builds carries the word in every call's signature too.
 
-Each chosen (backend, S, plan) gets a child runtime, built on first use (collective: the
+Calls below ``RADIANCE_AR_OVERLAP_MIN_M`` take the decode path on the auto runtime itself
+(no choice, no agreement call: decode runs inside captured CUDA graphs). Each chosen
+(backend, S, plan) gets a child runtime, built on first use (collective: the
 choice is the same on every rank) and kept: at most one per distinct configuration in
 the table. Children share the parent's layer numbers and scratch buffers; one call runs
 at a time (the parent's lock).
@@ -122,7 +124,11 @@ class AutoChoices:
                     producer: str) -> "OverlapRuntime":
         """The child runtime of this call's choice (built on first use: collective), after
         the agreement call: ranks whose tables differ would build different backends, and
-        a backend's construction is collective too (emulated ranks: :meth:`prepare`)."""
+        a backend's construction is collective too (emulated ranks: :meth:`prepare`).
+        Below ``min_m`` the parent itself: the decode path (GEMM, then the vendor
+        all-reduce) chooses nothing, builds nothing and may run inside CUDA-graph capture."""
+        if rows < self.settings.min_m:
+            return parent
         self.agree(parent)
         return self._child(parent, self.choice(rows, cols, producer))
 
