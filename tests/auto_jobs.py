@@ -56,3 +56,17 @@ def disagree_job(world: World, tunings: list[str], accuracies: list[str]) -> dic
     dist.barrier(group=world.group)
     rt.close()
     return result
+
+
+def group_agreement_job(world: World, words: list[int]) -> dict:
+    """The agreement of worlds whose flags the host cannot read (torchrun GPUs), through
+    the process group, with rank r's word ``words[r]``."""
+    rt = overlap.build(world, _auto(""))
+    rt.auto.word = words[world.rank]
+    try:
+        rt.auto.agree_through_group()
+        result = {"error": None}
+    except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
+        result = {"error": type(e).__name__, "message": str(e)}
+    rt.close()
+    return result

@@ -196,6 +196,15 @@ def test_ranks_that_would_choose_differently_raise_a_mismatch_on_every_rank(pool
         assert f"rank {1 - rank} from another table or accuracy" in r["message"], r
 
 
+def test_where_flags_are_device_memory_the_words_go_through_the_group(pool):
+    assert [r["error"] for r in pool.run(auto_jobs.group_agreement_job, [7, 7])] == [None, None]
+    res = pool.run(auto_jobs.group_agreement_job, [7, 9])
+    for rank, r in enumerate(res):
+        assert r["error"] == "CollectiveMismatchError", r
+        assert f"rank {1 - rank} from another table or accuracy (word {[7, 9][1 - rank]:#010x})" \
+            in r["message"], r
+
+
 def test_the_vllm_summary_says_per_layer_shape_what_auto_chose_and_why(table_file):
     report = vi.InstallReport(OverlapSettings(True, "auto", 16, "auto", tuning=table_file),
                               tp_size=2)

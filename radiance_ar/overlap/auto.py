@@ -2,12 +2,15 @@
 measured fastest, run by a runtime of its own (radiance_ar/overlap/tuning.py).
 
 The auto runtime's own backend is the *contract* backend (``sdma``, which every world
-kind serves): before its first call, every rank makes one small all-reduce on it whose
-signature carries the table's word (``CallSignature.tuning``). All ranks make that call
-on the same backend whatever their tables say, so ranks that loaded different tables (or
-ask for different accuracy classes) meet a :class:`CollectiveMismatchError` there, on
-every rank, instead of running different protocols against each other. Every backend an
-auto runtime builds carries the word in every call's signature too.
+kind serves): before its first sliced call, every rank makes one small all-reduce on it
+whose signature carries the table's word (``CallSignature.tuning``). All ranks make that
+call on the same backend whatever their tables say, so ranks that loaded different
+tables (or ask for different accuracy classes) meet a :class:`CollectiveMismatchError`
+there, on every rank, instead of running different protocols against each other. Where
+the flags are device memory (torchrun GPUs) the host cannot read a peer's word, and a
+mismatched wait would only time out: there the words go through the world's process
+group instead (:meth:`AutoChoices.agree_through_group`). Every backend an auto runtime
+builds carries the word in every call's signature too.
 
 Calls below ``RADIANCE_AR_OVERLAP_MIN_M`` take the decode path on the auto runtime itself
 (no choice, no agreement call: decode runs inside captured CUDA graphs). Each chosen
@@ -83,10 +86,14 @@ class AutoChoices:
         return self._choices[key]
 
     def agree(self, parent: "OverlapRuntime") -> None:
-        """Collective, once: the agreement call on the contract backend (module doc)."""
+        """Collective, once, before the first sliced call: the agreement (module doc)."""
         if self._agreed:
             return
         backend = parent.backend
+        if backend.signals is not None and not backend.signals.host_visible:
+            self.agree_through_group()
+            self._agreed = True
+            return
         one = torch.zeros(1, _AGREE_COLS, dtype=torch.float32, device=self.world.device)
         backend.ensure_capacity(1, _AGREE_COLS, one.dtype)
         backend.set_call_key(0, 0, 0)
@@ -98,14 +105,30 @@ class AutoChoices:
                 raise
             # The peer that saw the mismatch first gave up (PeerAbortedError here): name
             # the cause on this rank too, so every rank reports the same error.
-            raise CollectiveMismatchError(
-                f"RADIANCE_AR_BACKEND=auto: rank {self.world.rank} chooses from "
-                f"{self.table.describe()} with RADIANCE_AR_ACCURACY={self.settings.accuracy} "
-                f"(word {self.word:#010x}); " + ", ".join(
-                    f"rank {r} from another table or accuracy (word {w:#010x})"
-                    for r, w in theirs) + "; every rank must load the same RADIANCE_AR_TUNING "
-                f"and RADIANCE_AR_ACCURACY ({type(e).__name__}: {e})") from e
+            raise self._mismatch(theirs, f" ({type(e).__name__}: {e})") from e
         self._agreed = True
+
+    def agree_through_group(self) -> None:
+        """The agreement where flags live in device memory (torchrun GPUs): a wait there
+        cannot be read by the host, so a mismatched agreement call would only time out.
+        Every rank's word goes through the world's process group instead, and every rank
+        raises the same :class:`CollectiveMismatchError` if they differ."""
+        import torch.distributed as dist
+
+        words: list = [None] * self.world.size
+        dist.all_gather_object(words, self.word, group=self.world.group)
+        theirs = [(r, w) for r, w in enumerate(words) if w != self.word]
+        if theirs:
+            raise self._mismatch(theirs, "")
+
+    def _mismatch(self, theirs: list[tuple[int, int]], cause: str) -> CollectiveMismatchError:
+        return CollectiveMismatchError(
+            f"RADIANCE_AR_BACKEND=auto: rank {self.world.rank} chooses from "
+            f"{self.table.describe()} with RADIANCE_AR_ACCURACY={self.settings.accuracy} "
+            f"(word {self.word:#010x}); " + ", ".join(
+                f"rank {r} from another table or accuracy (word {w:#010x})" for r, w in theirs)
+            + "; every rank must load the same RADIANCE_AR_TUNING and RADIANCE_AR_ACCURACY"
+            + cause)
 
     def _other_words(self, backend) -> list[tuple[int, int]]:
         """(rank, word) of every peer whose current call carries another tuning word, as
