@@ -11,6 +11,12 @@ float64 reference, then timed), and keeps per case the op's time. The baseline a
   python tools/tune.py --world 2 --m 2048,8192 --out tuning.json     # emulated on a GPU
   python tools/tune.py --from-compare compare.json ... --out t.json  # from compare runs
 
+Every other option is compare_backends' (tools/compare_args.py: --world, --mode, --m,
+--k, --backends, --slices, --plans, --producer, --reps, --warmup), with tune's defaults
+for --m (the chunk sizes a server sees, below), --slices 1,2,4,8 and --plans
+uniform,growing. On a GPU the emulated world's cases time the op alone
+(``emulated_measure.measure_emulated(op_only=True)``: one active rank, passive peers).
+
 The file is rewritten after every case, so an interrupt (Ctrl-C) or ``--max-minutes``
 keeps everything measured so far. A CPU world runs for correctness only: its times mean
 nothing, and the file says so in its ``note``. The summary last: per (W, N, M) what
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
 import time
@@ -29,6 +36,7 @@ import torch
 
 import baseline
 import compare_backends
+import producer_inputs
 from compare_args import int_list, parse_args as compare_parse_args
 import report
 from radiance_ar import envs
@@ -50,6 +58,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     p.add_argument("--out", required=True, help="the tuning file to write")
     p.add_argument("--n", type=int_list, default=None,
                    help="output columns N, comma-separated; default compare_backends' N")
+    p.add_argument("--producers", default=None,
+                   help="GEMM producers, comma-separated (one file for all); default --producer")
     p.add_argument("--worlds", type=int_list, default=None,
                    help="world sizes W, comma-separated (one file for all); default --world")
     p.add_argument("--max-minutes", type=float, default=None,
@@ -60,6 +70,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     p.add_argument("--note", default="",
                    help="a line the file keeps in its note (e.g. a setting the runs forced)")
     own, rest = p.parse_known_args(argv)
+    own.producers = None if own.producers is None else [x for x in own.producers.split(",") if x]
+    for name in own.producers or []:
+        if name not in producer_inputs.known():
+            p.error(f"--producers: {name!r}: expected some of {', '.join(producer_inputs.known())}")
     if not any(a.startswith("--slices") for a in rest):
         rest += ["--slices", TUNE_SLICES]
     if not any(a.startswith("--plans") for a in rest):
@@ -97,7 +111,7 @@ def summary(table: tuning.TuningTable) -> str:
     for W, N, M, producer in sorted({(r.W, r.N, r.M, r.producer) for r in table.rows}):
         base = [r for r in table.rows if (r.W, r.N, r.M, r.producer) == (W, N, M, producer)
                 and (r.backend, r.slices) == base_name]
-        row = {"W": W, "N": N, "M": M, "base": baseline.label(base_name),
+        row = {"W": W, "N": N, "M": M, "producer": producer, "base": baseline.label(base_name),
                "base ms": base[0].t_ms if base else None}
         for acc in ACCURACY_CLASSES:
             try:
@@ -108,7 +122,7 @@ def summary(table: tuning.TuningTable) -> str:
             except ValueError:
                 row[acc] = "(none measured)"
         out.append(row)
-    cols = [("W", "W", "{}"), ("N", "N", "{}"), ("M", "M", "{}")]
+    cols = [("W", "W", "{}"), ("N", "N", "{}"), ("M", "M", "{}"), ("producer", "producer", "{}")]
     for acc in ACCURACY_CLASSES:
         cols += [(acc, acc, "{}"), ("ms", f"{acc} ms", "{:.3f}"),
                  ("vs base", f"{acc} vs base", "{:.2f}x")]
@@ -132,14 +146,13 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
     args.m = args.m or TUNE_M[device]
     kind = "gpu-emulated" if gpu else "cpu-shm"
     todo = []  # (W, case), shape by shape: a run cut short loses whole shapes, not a backend
-    for size in own.worlds or [args.world]:
-        args.world = size
-        for n in own.n or [None]:
-            args.n = n
-            # one seed per shape: its cases share their inputs (world_measure.shard's cache)
-            todo += [(size, dataclasses.replace(c, seed=c.rows))
-                     for c in compare_backends.cases(args, device, kind)]
-    todo.sort(key=lambda wc: (wc[0], wc[1].cols, wc[1].rows))
+    for size, n, producer in itertools.product(own.worlds or [args.world], own.n or [None],
+                                               own.producers or [args.producer]):
+        args.world, args.n, args.producer = size, n, producer
+        # one seed per shape: its cases share their inputs (world_measure.shard's cache)
+        todo += [(size, dataclasses.replace(c, seed=c.rows))
+                 for c in compare_backends.cases(args, device, kind)]
+    todo.sort(key=lambda wc: (wc[0], wc[1].cols, wc[1].producer, wc[1].rows))
     if gpu:
         from radiance_ar.transport.world import emulated_worlds
         from emulated_measure import measure_emulated
