@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import shlex
 import sys
 import time
 
@@ -230,7 +231,7 @@ def from_compare(own: argparse.Namespace, command: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, args = parse_args(argv)
-    command = " ".join(["tune.py"] + argv)
+    command = shlex.join(["tune.py"] + argv)
     problem = report.unwritable_reason(own.out, False)
     if problem is not None:
         print(f"tune: cannot write {own.out}: {problem}", file=sys.stderr)
