@@ -67,7 +67,9 @@ class Knob:
         if self.type is str:
             if self.path:
                 return "a file path (empty: none)"
-            return f"one of {', '.join(self.words)}" if self.words else "a registered name"
+            if self.words:
+                return f"one of {', '.join(self.words)}"
+            return f"a registered name, or {AUTO_BACKEND}"  # RADIANCE_AR_BACKEND, the only one
         bounds = f">= {self.lo:g}" if self.hi is None else f"in [{self.lo:g}, {self.hi:g}]"
         if self.type is float:
             return f"a finite number {bounds}"
