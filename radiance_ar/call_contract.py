@@ -80,11 +80,17 @@ class CallSignature:
     #: carry no call number in their flags, so a skipped call shows as a mismatch at the
     #: next layer instead (radiance_ar.transport.tokens)
     layer: int = 0
+    #: RADIANCE_AR_BACKEND=auto: the tuning table and accuracy class every choice comes
+    #: from (``TuningTable.signature_word``, 31 bits; 0: no table), so ranks that would
+    #: choose differently meet a mismatch at their first call
+    tuning: int = 0
 
     def words(self) -> list[int]:
-        """Four int64 header words: rows, cols, layer/dtype/path codes, key."""
+        """Four int64 header words: rows, cols, tuning/layer/dtype/path codes, key."""
+        assert 0 <= self.layer < 1 << 16 and 0 <= self.tuning < 1 << 31, (self.layer, self.tuning)
         return [self.rows, self.cols,
-                self.layer << 16 | DTYPE_CODES[self.dtype] << 8 | PATH_CODES[self.path],
+                self.tuning << 32 | self.layer << 16 | DTYPE_CODES[self.dtype] << 8
+                | PATH_CODES[self.path],
                 (self.key_m << 32) | (self.key_k & 0xFFFFFFFF)]
 
     @classmethod
@@ -93,7 +99,8 @@ class CallSignature:
         dtype, path = _DTYPES.get(codes >> 8 & 0xFF), _PATHS.get(codes & 0xFF)
         if dtype is None or path is None:
             return None
-        return cls(rows, cols, dtype, path, key >> 32, key & 0xFFFFFFFF, codes >> 16)
+        return cls(rows, cols, dtype, path, key >> 32, key & 0xFFFFFFFF, codes >> 16 & 0xFFFF,
+                   codes >> 32)
 
     def hash32(self) -> int:
         return _hash_words(tuple(self.words()))
@@ -107,6 +114,7 @@ class CallSignature:
         where = "the vendor all-reduce (decode path)" if self.path == "vendor" else "the sliced path"
         key = f" of a linear with M={self.key_m}, K={self.key_k}" if self.key_m else ""
         key += f" (layer {self.layer})" if self.layer else ""
+        key += f", auto tuning {self.tuning:#010x}" if self.tuning else ""
         return f"{self.rows}x{self.cols} {dt} in {where}{key}"
 
 

@@ -50,6 +50,8 @@ class Knob:
     words: tuple[str, ...] = ()
     #: a backend knob: the :class:`BackendSettings` field it fills
     field: str | None = None
+    #: str without words: a file path, where the empty value means "none"
+    path: bool = False
 
     def __post_init__(self) -> None:
         # A declaration whose default it refuses would fail only when the knob is unset.
@@ -63,7 +65,11 @@ class Knob:
         if self.type is bool:
             return "0 or 1"
         if self.type is str:
-            return f"one of {', '.join(self.words)}" if self.words else "a registered name"
+            if self.path:
+                return "a file path (empty: none)"
+            if self.words:
+                return f"one of {', '.join(self.words)}"
+            return f"a registered name, or {AUTO_BACKEND}"  # RADIANCE_AR_BACKEND, the only one
         bounds = f">= {self.lo:g}" if self.hi is None else f"in [{self.lo:g}, {self.hi:g}]"
         if self.type is float:
             return f"a finite number {bounds}"
@@ -74,7 +80,7 @@ class Knob:
         if isinstance(value, str) and value in self.words:
             return True
         if self.type is str:
-            return isinstance(value, str) and not self.words and bool(value)
+            return isinstance(value, str) and not self.words and (bool(value) or self.path)
         if self.type is bool:
             return isinstance(value, bool)
         numbers = int if self.type is int else (int, float)
@@ -153,6 +159,11 @@ OP_GRAPHS = ("auto", "on", "off")
 MAX_OP_GRAPHS = 4096
 #: the slicing plans of the op (radiance_ar/overlap/slicing.py), the first the default
 OVERLAP_PLANS = ("uniform", "growing")
+#: RADIANCE_AR_ACCURACY, the accuracy classes of RADIANCE_AR_BACKEND=auto
+#: (radiance_ar/overlap/tuning.py), each allowing the ones before it; the first the default
+ACCURACY_CLASSES = ("exact", "quantized")
+#: the RADIANCE_AR_BACKEND word that chooses per call from a tuning table
+AUTO_BACKEND = "auto"
 #: the transfer schedules of the copy-engine backends (radiance_ar/backends/sdma.py, sdma_wht6.py)
 SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
 
@@ -166,7 +177,19 @@ KNOBS: dict[str, Knob] = {
              "`1` routes eligible RowParallel linears through the op (`radiance::linear_ar`)"),
         Knob("RADIANCE_AR_BACKEND", str, "stock",
              "AR strategy: a registry name or alias (`python -c \"from radiance_ar import "
-             "backends; print(backends.names())\"`)"),
+             "backends; print(backends.names())\"`), or `auto`: per call, the fastest "
+             "configuration a tuning table measured for its M and N "
+             "(`radiance_ar/overlap/tuning.py`, `RADIANCE_AR_TUNING`, `RADIANCE_AR_ACCURACY`)"),
+        Knob("RADIANCE_AR_TUNING", str, "",
+             "`RADIANCE_AR_BACKEND=auto`: the tuning file `tools/tune.py` wrote on this "
+             "machine; empty: the table shipped with the package, measured on an H200 (a "
+             "warning says so once)",
+             path=True),
+        Knob("RADIANCE_AR_ACCURACY", str, ACCURACY_CLASSES[0],
+             "`RADIANCE_AR_BACKEND=auto`: `exact` chooses among backends that add no error "
+             "beyond rounding the sum once (stock, sdma); `quantized` also among the "
+             "quantized ones (sdma_wht6, oneshot_wht6, within their `rel_rms_bound`)",
+             words=ACCURACY_CLASSES),
         Knob("RADIANCE_AR_OVERLAP_MIN_M", int, 2048,
              "rows at/above which the sliced pipeline runs; below, GEMM then the vendor AR",
              lo=1),

@@ -23,6 +23,9 @@ BAD_VALUES = {
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
     "RADIANCE_AR_OP_GRAPHS": ["2", "no", "1", "ON"],
     "RADIANCE_AR_OP_GRAPHS_MAX": ["0", "4097", "-1", "many"],
+    # a path is parsed, then loaded: a file that is missing or not a tuning file stops start-up
+    "RADIANCE_AR_TUNING": ["/nonexistent/tuning.json", os.devnull],
+    "RADIANCE_AR_ACCURACY": ["", "Exact", "fast", "auto"],
 }
 
 
@@ -199,7 +202,7 @@ def test_spin_timeout_rejects_non_finite_and_odd_spellings(raw):
 #: per knob: (raw text padded with whitespace, value it parses to)
 PADDED = {
     "RADIANCE_AR_OVERLAP": [(" 1\n", True), ("\ttrue ", True), (" 0 ", False), ("  ", False)],
-    "RADIANCE_AR_BACKEND": [(" stock\t", "stock")],
+    "RADIANCE_AR_BACKEND": [(" stock\t", "stock"), (" auto ", "auto")],
     "RADIANCE_AR_OVERLAP_MIN_M": [("\t16 ", 16)],
     "RADIANCE_AR_OVERLAP_SLICES": [(" 64\n", 64), (" auto ", "auto")],
     "RADIANCE_AR_OVERLAP_PLAN": [(" growing\n", "growing")],
@@ -210,6 +213,8 @@ PADDED = {
     "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
     "RADIANCE_AR_OP_GRAPHS": [(" off ", "off")],
     "RADIANCE_AR_OP_GRAPHS_MAX": [(" 8\n", 8)],
+    "RADIANCE_AR_TUNING": [(" /some/tuning.json\n", "/some/tuning.json"), (" ", "")],
+    "RADIANCE_AR_ACCURACY": [(" quantized ", "quantized")],
 }
 
 

@@ -32,6 +32,7 @@ import torch
 
 from radiance_ar import backends  # noqa: E402
 from radiance_ar import envs  # noqa: E402
+from radiance_ar.overlap import config as overlap_config  # noqa: E402
 from radiance_ar.envs import OVERLAP_PLANS  # noqa: E402
 from radiance_ar.transport.world import World  # noqa: E402
 import baseline  # noqa: E402
@@ -206,7 +207,7 @@ def settings_problem() -> str | None:
     complaint about the first bad one, or None."""
     try:
         envs.snapshot()
-        backends.from_env()
+        overlap_config.from_env()  # RADIANCE_AR_BACKEND: a backend or auto; the tuning file
     except (ValueError, KeyError) as e:
         return f"compare_backends: {e}"
     return None

@@ -75,8 +75,9 @@ def verify(case: Case, size: int, device: torch.device) -> dict:
     return record
 
 
-def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
-    """Verify with W active ranks, then time one active rank (see module doc)."""
+def measure_emulated(case: Case, size: int, device: torch.device, op_only: bool = False) -> dict:
+    """Verify with W active ranks, then time one active rank (see module doc).
+    ``op_only`` (tools/tune.py): time the op alone (``t_ovl_ms``), nothing else."""
     record = {"backend": case.backend, "producer": case.producer, "world": "gpu-emulated",
               "W": size, "M": case.rows,
               "N": case.cols, "K": case.k, "slices": case.slices, "plan": case.plan,
@@ -89,14 +90,26 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
                                               plan=case.plan))
-    serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1, knobs))
+    # op_only: no serial arm, so no second runtime to grow and fill
+    serial_rt = None if op_only else overlap.build(world, OverlapSettings(True, case.backend,
+                                                                          1, 1, knobs))
     backend = rt.backend
     ops = producer_inputs.operands(case.producer, *shard(case, 0, device))
     xs = [ops.x] + [ops.x.clone() for _ in range(gpu_timing.copies_for(ops.x) - 1)]
     y = torch.empty(case.rows, case.cols, dtype=torch.bfloat16, device=device)
-    for r in (rt, serial_rt):
+    for r in [rt] + ([] if op_only else [serial_rt]):
         r.backend.ensure_capacity(case.rows, case.cols, y.dtype)
         r.backend.fill_passive_peers()
+    record["schedule"] = slice_schedule(backend, case, case.slices, y.dtype)
+    if op_only:
+        def op(i):
+            forward(rt, xs[i % len(xs)], ops.weight, ops.weight_scale, case.producer)
+
+        med, spread, host = gpu_timing.device_and_host_ms(op, case.reps, case.warmup)
+        record.update(t_ovl_ms=med, t_ovl_spread_ms=spread, t_ovl_host_ms=host,
+                      op_graphs=rt.graph_reason() or "replayed")
+        rt.close()
+        return record
     ar_in = input_view(backend, case.rows, case.cols, y.dtype, lambda: torch.randn_like(y))
     ar_out = torch.empty_like(y)
 
@@ -118,7 +131,6 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     record.update(gpu_timing.contention_record(gpu_timing.contention_times(
         gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
-    record["schedule"] = slice_schedule(backend, case, case.slices, y.dtype)
     # A fresh world: the probe's pinned buffers go with it, not with the backends' group.
     gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"],
                         len(bounds) - 1, case.reps, case.warmup)

@@ -60,6 +60,7 @@ import prefill_measure
 import prefill_report
 import report
 from radiance_ar import envs
+from radiance_ar.overlap import config as overlap_config
 from radiance_ar.envs import BackendSettings
 from prefill_stack import GQA_MODES, producer_problem
 
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         envs.snapshot()  # every RADIANCE_AR_* setting, checked before any rank starts
-        backends.from_env()
+        overlap_config.from_env()  # RADIANCE_AR_BACKEND: a backend or auto; the tuning file
         kind = world_kind(args)
         spec = make_spec(args, kind)
     except (ValueError, KeyError) as e:

@@ -15,6 +15,7 @@ link between the ranks (:mod:`link`) and, with ``Case.timeline``, one op call's 
 
 from __future__ import annotations
 
+import functools
 import time
 import zlib
 from dataclasses import dataclass
@@ -61,11 +62,23 @@ class Case:
 
 
 def shard(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s activation and weight shard, the same wherever it is built."""
-    g = torch.Generator().manual_seed(case.seed * 7919 + rank)
-    x = torch.randn(case.rows, case.k, generator=g).to(torch.bfloat16)
-    w = (torch.randn(case.cols, case.k, generator=g) / case.k ** 0.5).to(torch.bfloat16)
-    return x.to(device), w.to(device)
+    """Rank ``rank``'s activation and weight shard, the same wherever it is built (fresh
+    tensors on every call: callers may write into them)."""
+    x, w = _cpu_shard(case.seed, rank, case.rows, case.cols, case.k)
+    return x.to(device, copy=True), w.to(device, copy=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_shard(seed: int, rank: int, rows: int, cols: int, k: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    # Kept for the next case of the same seed and shape (tools/tune.py gives every case of
+    # a shape one seed): at M = 16384, K = 4352, N = 8192 one rank's shard takes 0.9 s of
+    # CPU randn (2-core machine, 2026-12-04), the biggest cost of a tune case. 8 entries of
+    # that size hold ~1.7 GB of host memory.
+    g = torch.Generator().manual_seed(seed * 7919 + rank)
+    x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(torch.bfloat16)
+    return x, w
 
 
 def timed_ms(world: World, fn, reps: int, warmup: int) -> tuple[float, ...]:

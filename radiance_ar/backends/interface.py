@@ -86,6 +86,9 @@ class Backend(abc.ABC):
     #: documented bound on the relative RMS error of the reduced bf16 result vs a float64
     #: sum of the (already bf16-rounded) inputs; the compare tool marks a run wrong above it
     rel_rms_bound: ClassVar[float] = 2.0 ** -7
+    #: the payload is quantized on the wire (RADIANCE_AR_ACCURACY's class ``quantized``:
+    #: ``auto`` chooses it only when asked to); False: the inputs' values are summed as given
+    quantized: ClassVar[bool] = False
     #: False: the op runs GEMM then one unsliced AR with this backend (the baseline)
     pipelined: ClassVar[bool] = True
     #: the slice count the op runs with RADIANCE_AR_OVERLAP_SLICES=auto, chosen from
@@ -116,6 +119,9 @@ class Backend(abc.ABC):
         #: (M, K, layer) of the linear whose slices are being reduced (:meth:`set_call_key`);
         #: it joins every call's signature, so ranks in different linears do not pair up
         self._call_key: tuple[int, int, int] = (0, 0, 0)
+        #: RADIANCE_AR_BACKEND=auto: the tuning word every call's signature carries
+        #: (``CallSignature.tuning``; set by the auto runtime that built this backend)
+        self.tuning_word = 0
 
     def set_call_key(self, rows: int, k: int, layer: int = 0) -> None:
         """The op, before a call's slices: M and K of the whole linear and the layer's
@@ -125,7 +131,7 @@ class Backend(abc.ABC):
     def signature(self, slice_in: torch.Tensor, path: str = "flags") -> CallSignature:
         """What every rank must agree on for a call reducing ``slice_in``."""
         return CallSignature(slice_in.shape[0], slice_in.shape[1], slice_in.dtype, path,
-                             *self._call_key)
+                             *self._call_key, tuning=self.tuning_word)
 
     @contextlib.contextmanager
     def vendor_call(self, t: torch.Tensor) -> Iterator[None]:

@@ -78,6 +78,7 @@ class OneshotWht6Backend(Backend):
     capture_safe = True
     bit_exact = False
     rel_rms_bound = 2.0 ** -5
+    quantized = True  # wht6 payloads (6.25 bits/value)
     waits_on_peers = True
     # Unsliced at M = 8192, the prefill size the project targets first (H200, 4 emulated
     # ranks, tools/results/2026-12-03-h200-final-2/): the op ran 3.312 ms at S = 1 against

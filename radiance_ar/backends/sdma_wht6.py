@@ -88,6 +88,7 @@ REL_RMS_BOUNDS = {"oneshot": ONESHOT_REL_RMS_BOUND, "twoshot": TWOSHOT_REL_RMS_B
 @register("sdma_wht6")
 class SdmaWht6Backend(TransportBackend):
     bit_exact = False  # quantized; still identical bits on every rank
+    quantized = True  # wht6 payloads (6.25 bits/value)
     rel_rms_bound = TWOSHOT_REL_RMS_BOUND  # the larger; each instance sets its schedule's
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
     stage_reduced = True  # emulated: the re-encoded shard is written to device memory first

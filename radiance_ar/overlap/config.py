@@ -29,7 +29,7 @@ logger = logging.getLogger("radiance_ar")
 @dataclass(frozen=True)
 class OverlapSettings:
     enabled: bool  # RADIANCE_AR_OVERLAP
-    backend: str  # RADIANCE_AR_BACKEND, canonical registry name
+    backend: str  # RADIANCE_AR_BACKEND, canonical registry name or "auto"
     min_m: int  # RADIANCE_AR_OVERLAP_MIN_M
     slices: int | str  # RADIANCE_AR_OVERLAP_SLICES: 1..64 or "auto" (see slice_count)
     #: the backend knobs (spin timeout, sdma schedule, oneshot CTAs); default: the knobs'
@@ -41,6 +41,10 @@ class OverlapSettings:
     graphs: str = field(default=envs.KNOBS["RADIANCE_AR_OP_GRAPHS"].default, kw_only=True)
     graphs_max: int = field(default=envs.KNOBS["RADIANCE_AR_OP_GRAPHS_MAX"].default,
                             kw_only=True)
+    #: RADIANCE_AR_TUNING, RADIANCE_AR_ACCURACY: backend ``auto``'s table ("" : the shipped
+    #: one) and accuracy class (radiance_ar/overlap/tuning.py)
+    tuning: str = field(default=envs.KNOBS["RADIANCE_AR_TUNING"].default, kw_only=True)
+    accuracy: str = field(default=envs.KNOBS["RADIANCE_AR_ACCURACY"].default, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.plan, str) or not isinstance(self.backend_settings,
@@ -54,7 +58,7 @@ class OverlapSettings:
                                       or isinstance(self.slices, bool) or self.slices < 1):
             raise ValueError(f"OverlapSettings: slices {self.slices!r}: expected an int >= 1 "
                              "or 'auto'")
-        for name in ("graphs", "graphs_max"):
+        for name in ("graphs", "graphs_max", "tuning", "accuracy"):
             knob = envs.KNOBS[KNOB_OF[name]]
             if not knob.accepts(getattr(self, name)):
                 raise ValueError(f"OverlapSettings: {name} {getattr(self, name)!r}: expected "
@@ -71,14 +75,36 @@ KNOB_OF = {
     "plan": "RADIANCE_AR_OVERLAP_PLAN",
     "graphs": "RADIANCE_AR_OP_GRAPHS",
     "graphs_max": "RADIANCE_AR_OP_GRAPHS_MAX",
+    "tuning": "RADIANCE_AR_TUNING",
+    "accuracy": "RADIANCE_AR_ACCURACY",
 }
+
+
+def check_tuning(path: str) -> None:
+    """RADIANCE_AR_TUNING, where set, names a tuning file that loads (a typo or a stale
+    file stops start-up, whatever the backend): ``ValueError`` naming the variable."""
+    if path:
+        from radiance_ar.overlap import tuning
+        try:
+            tuning.load(path)
+        except ValueError as e:
+            raise ValueError(f"RADIANCE_AR_TUNING={path!r}: {e}") from None
+
+
+def backend_name(environ: Mapping[str, str] | None = None) -> str:
+    """RADIANCE_AR_BACKEND checked: ``auto`` (radiance_ar/overlap/tuning.py), else the
+    registry's canonical name (an unknown name raises, naming the variable)."""
+    if envs.get("RADIANCE_AR_BACKEND", environ) == envs.AUTO_BACKEND:
+        return envs.AUTO_BACKEND
+    return backends.from_env(environ).name
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> OverlapSettings:
     """Every knob validated (all of them, not only the op's); ``ValueError`` on a bad one."""
     values = envs.snapshot(environ)
     # the registry's check of the name, and an alias's canonical name
-    values["RADIANCE_AR_BACKEND"] = backends.from_env(environ).name
+    values["RADIANCE_AR_BACKEND"] = backend_name(environ)
+    check_tuning(values["RADIANCE_AR_TUNING"])
     return OverlapSettings(**{name: values[knob] for name, knob in KNOB_OF.items()},
                            backend_settings=BackendSettings.from_env(environ))
 
@@ -104,11 +130,14 @@ def reconcile(settings: OverlapSettings,
     code.update({knob: (f"backend_settings.{name}", getattr(settings.backend_settings, name))
                  for name, knob in BackendSettings.KNOB_OF.items()})
     given = envs.given(environ)
+    check_tuning(given.get("RADIANCE_AR_TUNING", ""))
     if "RADIANCE_AR_BACKEND" in given:
         # the registry's check of the name; an alias names the same backend as its
         # canonical name, in the environment and in code alike
-        given["RADIANCE_AR_BACKEND"] = backends.from_env(environ).name
-        code["RADIANCE_AR_BACKEND"] = ("backend", backends.get(settings.backend).name)
+        given["RADIANCE_AR_BACKEND"] = backend_name(environ)
+        code["RADIANCE_AR_BACKEND"] = ("backend", settings.backend
+                                       if settings.backend == envs.AUTO_BACKEND
+                                       else backends.get(settings.backend).name)
     for name, value in given.items():
         where, code_value = code[name]
         key = (name, repr(value), repr(code_value))

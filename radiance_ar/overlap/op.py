@@ -75,7 +75,8 @@ def forward(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
         raise ValueError(f"radiance::linear_ar: x is on {x.device}, this rank's device is "
                          f"{rt.world.device}")
     with rt.one_call_at_a_time():
-        return _forward(rt, prod, x, weight, weight_scale)
+        return _forward(rt.for_call(x.shape[0], weight.shape[0], prod.name), prod, x, weight,
+                        weight_scale)
 
 
 def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.Tensor,
@@ -101,7 +102,8 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         key = (rows, plan.k, cols, x.dtype, prod.name, weight.data_ptr(),
                None if weight_scale is None else weight_scale.data_ptr(), plan.bounds,
                plan.layer)
-        sig = CallSignature(rows, cols, x.dtype, "flags", rows, plan.k, plan.layer)
+        sig = CallSignature(rows, cols, x.dtype, "flags", rows, plan.k, plan.layer,
+                            backend.tuning_word)
         return graphs.call(key, lambda: (rt.scratch.growths, backend.generation), x,
                            (rows, cols), sig, backend, body)
     except CollectiveError:

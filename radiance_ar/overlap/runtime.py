@@ -18,6 +18,7 @@ import torch
 
 from radiance_ar import backends
 from radiance_ar.backends.interface import Backend
+from radiance_ar.envs import AUTO_BACKEND
 from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
 from radiance_ar.overlap.graphs import GraphCache
@@ -38,6 +39,14 @@ class OverlapRuntime:
     _graphs: GraphCache | None = None
     #: weight address -> the layer's number (:meth:`register_layer`)
     _layers: dict[int, int] = field(default_factory=dict)
+    #: RADIANCE_AR_BACKEND=auto: the table and the chosen configurations' runtimes
+    #: (radiance_ar/overlap/auto.py); None: every call runs ``backend``
+    auto: Any = None
+
+    def for_call(self, rows: int, cols: int, producer: str) -> "OverlapRuntime":
+        """The runtime that runs a call of ``rows`` x ``cols`` with ``producer``: this one,
+        or under ``auto`` its choice's (collective on first use)."""
+        return self if self.auto is None else self.auto.runtime_for(self, rows, cols, producer)
 
     def register_layer(self, weight: torch.Tensor) -> int:
         """Number the layer whose weight (this rank's shard) is ``weight``: 1, 2, ... in
@@ -106,6 +115,8 @@ class OverlapRuntime:
         return self._lanes
 
     def close(self) -> None:
+        if self.auto is not None:
+            self.auto.close()
         if self._graphs is not None:
             self._graphs.clear()
         self.backend.close()
@@ -162,6 +173,9 @@ def build(world: World, settings: OverlapSettings | None = None) -> OverlapRunti
     """Collective: a runtime for ``world`` (settings default to the environment's); the
     backend is built with ``settings.backend_settings``."""
     settings = from_env() if settings is None else reconcile(settings)
+    if settings.backend == AUTO_BACKEND:
+        from radiance_ar.overlap.auto import build_auto
+        return build_auto(world, settings)
     backend = backends.get(settings.backend)(world, settings.backend_settings)
     return OverlapRuntime(world, settings, backend)
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from radiance_ar import backends
-from radiance_ar.envs import OVERLAP_PLANS
+from radiance_ar.envs import AUTO_BACKEND, OVERLAP_PLANS
 import radiance_ar.overlap.op  # noqa: F401 -- registers torch.ops.radiance.linear_ar
 from radiance_ar.backends.interface import Backend
 from radiance_ar.overlap.config import OverlapSettings, from_env
@@ -151,6 +151,10 @@ class InstallReport:
     producers: dict[str, str] = field(default_factory=dict)
     already: list[str] = field(default_factory=list)  # routed by an earlier call
     left: dict[str, list[str]] = field(default_factory=dict)  # reason -> layer names
+    #: RADIANCE_AR_BACKEND=auto: (N, producer) of routed layers -> the choice at every
+    #: measured M (radiance_ar/overlap/tuning.py), and the table's description
+    auto: dict[tuple[int, str], list] = field(default_factory=dict)
+    auto_table: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -161,6 +165,8 @@ class InstallReport:
         if not s.enabled:
             return "radiance-ar: RADIANCE_AR_OVERLAP=0, every RowParallel linear left stock"
         total = len(self.routed) + len(self.already) + sum(map(len, self.left.values()))
+        if s.backend == AUTO_BACKEND:
+            return self._auto_summary(total)
         cls = backends.get(s.backend)
         slices = ("unsliced" if not cls.pipelined
                   else f"slices auto = {cls.preferred_slices_for(self.tp_size)}"
@@ -175,12 +181,28 @@ class InstallReport:
             kinds = sorted(set(self.producers.values()))
             head += "; producers: " + ", ".join(
                 f"{k} {list(self.producers.values()).count(k)}" for k in kinds)
+        return self._tail(head)
+
+    def _tail(self, head: str) -> str:
         if self.already:
             head += f"; {len(self.already)} were routed already"
         parts = [head]
         for reason, names in sorted(self.left.items(), key=lambda kv: -len(kv[1])):
             parts.append(f"left stock: {len(names)} ({reason}), e.g. {names[0]}")
         return "; ".join(parts)
+
+    def _auto_summary(self, total: int) -> str:
+        """``auto``: per layer shape (N, producer), the choice at each measured M and why."""
+        s = self.settings
+        head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
+                f"through radiance::linear_ar (backend auto, accuracy {s.accuracy}, tp "
+                f"{self.tp_size}, min_m {s.min_m}, from {self.auto_table})")
+        for (n, producer), choices in sorted(self.auto.items()):
+            head += f"; auto N = {n} {producer}: " + ", ".join(
+                f"M ~{c.measured_m}: {c.backend} "
+                f"{'unsliced' if c.slices == 1 else f'S={c.slices} {c.plan}'} ({c.reason})"
+                for c in choices)
+        return self._tail(head)
 
 
 def plan(layers: Iterable[tuple[str, Any]], tp_size: int,
@@ -189,10 +211,13 @@ def plan(layers: Iterable[tuple[str, Any]], tp_size: int,
 
     Eligibility includes the backend ``report.settings`` names (its gate on N).
     """
-    backend = backends.get(report.settings.backend)
+    auto = report.settings.backend == AUTO_BACKEND
+    backend = None if auto else backends.get(report.settings.backend)
     chosen = []
     for name, layer in layers:
         reason, route_ = _decide(layer, tp_size, backend)
+        if auto and reason is None:
+            reason = _auto_choices(report, tp_size, route_)
         if reason is None:
             chosen.append((name, layer, route_))
         elif reason == ALREADY_ROUTED:
@@ -200,6 +225,24 @@ def plan(layers: Iterable[tuple[str, Any]], tp_size: int,
         else:
             report.left.setdefault(reason, []).append(name)
     return chosen
+
+
+def _auto_choices(report: InstallReport, tp_size: int, route_: Route) -> str | None:
+    """``auto``: the layer's choices into ``report.auto`` (None), or why it stays stock:
+    the table has no row for its N at this TP size (the op would refuse its calls)."""
+    from radiance_ar.overlap import auto, tuning
+
+    key = (route_.out_features, route_.producer)
+    if key not in report.auto:
+        table = auto.table_for(report.settings)
+        report.auto_table = table.describe()
+        try:
+            report.auto[key] = tuning.measured_choices(table, tp_size, *key,
+                                                       report.settings.accuracy)
+        except ValueError:
+            return (f"backend auto: {table.describe()} has no {report.settings.accuracy} row "
+                    f"for tp {tp_size}, N = {key[0]}, producer {key[1]}")
+    return None
 
 
 def _configure_on_tp_group(settings: OverlapSettings) -> None:

@@ -106,6 +106,11 @@ class Signals(abc.ABC):
         #: loads and stores, no torch op or allocation per call (None: device memory)
         self._np = [w.numpy() for w in self._words] if self._host_visible else None
 
+    @property
+    def host_visible(self) -> bool:
+        """The flags are host memory: the host reads peers' headers (:meth:`peer_header`)."""
+        return self._host_visible
+
     # ------------------------------------------------------------------ calls
 
     @contextlib.contextmanager

@@ -1,0 +1,248 @@
+"""Tuning files and ``RADIANCE_AR_BACKEND=auto``'s per-call choice (issue 30).
+
+A tuning file is what ``tools/tune.py`` measured on one machine: every candidate
+configuration (backend, schedule, slices S, plan) per world size W, columns N, rows M and
+producer, each with its measured op time. Its JSON::
+
+    {"format": "radiance-ar-tuning", "version": 1,
+     "device": "NVIDIA H200", "runtime": "torch 2.11.0+cu130, cuda 13.0",
+     "world": "gpu-emulated", "measured_at": "2026-12-04T05:22:58", "command": "...",
+     "note": "...",                       # optional: where the rows came from
+     "rows": [{"backend": "sdma", "schedule": "oneshot", "W": 2, "N": 5120, "K": 4352,
+               "M": 8192, "producer": "bf16", "slices": 4, "plan": "uniform",
+               "t_ms": 2.0038, "spread_ms": 0.01, "correct": true}, ...]}
+
+:func:`choose` is the per-call choice, a pure function of the table and the call::
+
+    rows of (W, N, producer) in the allowed accuracy classes, correct, timed
+    M* = the measured M nearest to the call's M (|log M - log M*| least; a tie: the smaller)
+    choice = the row of least t_ms at M*
+
+Accuracy classes (``Backend.quantized``): ``exact`` backends sum the inputs' values as
+given, rounding once (stock, sdma); ``quantized`` ones carry a quantized payload, within
+their ``rel_rms_bound`` (sdma_wht6, oneshot_wht6: 2^-5). ``RADIANCE_AR_ACCURACY=exact``
+(the default) chooses among exact rows only; ``quantized`` among both.
+
+A file that cannot be read, is not this format or version, names a backend, plan or
+producer this package does not have, or holds no usable row, raises ``ValueError`` naming
+the file: ``auto`` never falls back silently. :func:`shipped` is the table inside the
+package (``tuning_h200.json``, measured on an H200), used when ``RADIANCE_AR_TUNING`` is
+unset. :attr:`TuningTable.digest` (of the file's bytes) joins every call's signature
+(``CallSignature.tuning``), so ranks that loaded different tables, or ask for a
+different accuracy, raise ``CollectiveMismatchError`` at their first call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from radiance_ar import backends
+from radiance_ar.envs import ACCURACY_CLASSES, OVERLAP_PLANS
+
+FORMAT = "radiance-ar-tuning"
+#: bump when a row's meaning changes: a file of another version is refused, not guessed at
+VERSION = 1
+#: the table shipped with the package (RADIANCE_AR_TUNING unset)
+SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_h200.json")
+
+_HEADER_KEYS = {"device": str, "runtime": str, "world": str, "measured_at": str,
+                "command": str, "rows": list}
+_ROW_KEYS = {"backend": str, "W": int, "N": int, "M": int, "producer": str, "slices": int,
+             "plan": str, "t_ms": (int, float), "correct": bool}
+
+
+def accuracy_class(backend: str) -> str:
+    """``exact`` or ``quantized`` (module doc) for the backend registered as ``backend``."""
+    return ACCURACY_CLASSES[1] if backends.get(backend).quantized else ACCURACY_CLASSES[0]
+
+
+def allowed_classes(accuracy: str) -> tuple[str, ...]:
+    """The accuracy classes ``RADIANCE_AR_ACCURACY=accuracy`` lets ``auto`` choose from."""
+    if accuracy not in ACCURACY_CLASSES:
+        raise ValueError(f"accuracy {accuracy!r}: expected one of {', '.join(ACCURACY_CLASSES)}")
+    return ACCURACY_CLASSES[:ACCURACY_CLASSES.index(accuracy) + 1]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured configuration (a tuning file's row)."""
+
+    backend: str
+    W: int
+    N: int
+    M: int
+    producer: str
+    slices: int
+    plan: str
+    t_ms: float
+    correct: bool
+    #: the transfer schedule it ran (None: a backend with one way of doing a call)
+    schedule: str | None = None
+    K: int = 0
+    spread_ms: float | None = None
+
+    @property
+    def accuracy(self) -> str:
+        return accuracy_class(self.backend)
+
+    def label(self) -> str:
+        sched = f" {self.schedule}" if self.schedule else ""
+        cut = "unsliced" if self.slices == 1 else f"S={self.slices} {self.plan}"
+        return f"{self.backend}{sched} {cut}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ``auto`` runs for one call, and why (:func:`choose`)."""
+
+    backend: str
+    slices: int
+    plan: str
+    schedule: str | None
+    #: the measured M the choice was made at (the call's nearest)
+    measured_m: int
+    t_ms: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class TuningTable:
+    path: str
+    device: str
+    runtime: str
+    world: str
+    measured_at: str
+    command: str
+    rows: tuple[Row, ...]
+    #: sha256 of the file's bytes: two ranks with equal digests hold the same table
+    digest: str
+    note: str = ""
+
+    @property
+    def shipped(self) -> bool:
+        return os.path.abspath(self.path) == SHIPPED_PATH
+
+    def describe(self) -> str:
+        where = "the table shipped with radiance-ar" if self.shipped else f"tuning file {self.path}"
+        return f"{where} (measured on {self.device}, {self.world}, {self.measured_at})"
+
+    def signature_word(self, accuracy: str) -> int:
+        """A positive 31-bit number for ``CallSignature.tuning``: the table and the
+        accuracy class asked for (both decide every choice)."""
+        h = hashlib.sha256(f"{self.digest}/{accuracy}".encode()).digest()
+        return (int.from_bytes(h[:4], "little") >> 1) or 1
+
+
+def _fail(path: str, what: str) -> ValueError:
+    return ValueError(f"tuning file {path}: {what} (write it again with tools/tune.py)")
+
+
+def _checked(path: str, obj: Any, keys: dict, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise _fail(path, f"{where} is not a JSON object")
+    for key, kind in keys.items():
+        value = obj.get(key)
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            raise _fail(path, f"{where}: {key!r} missing or not {getattr(kind, '__name__', 'a number')}")
+
+
+def _row(path: str, i: int, raw: Any) -> Row:
+    where = f"row {i}"
+    _checked(path, raw, _ROW_KEYS, where)
+    try:
+        backend = backends.get(raw["backend"]).name
+    except ValueError as e:
+        raise _fail(path, f"{where}: {e}") from None
+    from radiance_ar.overlap import producers
+    if raw["producer"] not in producers.names():
+        raise _fail(path, f"{where}: producer {raw['producer']!r} is not one of "
+                          f"{', '.join(producers.names())}")
+    if raw["plan"] not in OVERLAP_PLANS:
+        raise _fail(path, f"{where}: plan {raw['plan']!r}: expected one of {', '.join(OVERLAP_PLANS)}")
+    if min(raw["W"], raw["N"], raw["M"], raw["slices"]) < 1 or not raw["t_ms"] > 0:
+        raise _fail(path, f"{where}: W, N, M, slices must be >= 1 and t_ms > 0")
+    return Row(backend, raw["W"], raw["N"], raw["M"], raw["producer"], raw["slices"],
+               raw["plan"], float(raw["t_ms"]), raw["correct"], raw.get("schedule"),
+               raw.get("K", 0), raw.get("spread_ms"))
+
+
+def load(path: str) -> TuningTable:
+    """The tuning file at ``path``, checked (module doc); ``ValueError`` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise _fail(path, f"cannot be read ({e.strerror or e})") from None
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _fail(path, f"is not JSON ({e})") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise _fail(path, f"is not a {FORMAT} file")
+    if obj.get("version") != VERSION:
+        raise _fail(path, f"is version {obj.get('version')!r}; this radiance-ar reads version "
+                          f"{VERSION} (the file is stale)")
+    _checked(path, obj, _HEADER_KEYS, "header")
+    rows = tuple(_row(path, i, r) for i, r in enumerate(obj["rows"]))
+    if not any(r.correct for r in rows):
+        raise _fail(path, "holds no correct, timed row")
+    return TuningTable(path, obj["device"], obj["runtime"], obj["world"], obj["measured_at"],
+                       obj["command"], rows, hashlib.sha256(data).hexdigest(),
+                       obj.get("note", ""))
+
+
+def shipped() -> TuningTable:
+    """The table shipped inside the package (measured on an H200; see its ``note``)."""
+    return load(SHIPPED_PATH)
+
+
+def dump(path: str, header: dict, rows: list[dict]) -> None:
+    """Write a tuning file (``tools/tune.py``): ``header`` holds the :data:`_HEADER_KEYS`
+    but ``rows``; written to a temporary name and renamed, so an interrupted write never
+    leaves half a file under ``path``."""
+    obj = {"format": FORMAT, "version": VERSION, **header, "rows": rows}
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _nearest(measured: list[int], m: int) -> int:
+    return min(measured, key=lambda x: (abs(math.log(x / m)), x))
+
+
+def choose(table: TuningTable, W: int, N: int, M: int, producer: str, accuracy: str,
+           usable: Callable[[str], bool] = lambda name: True) -> Choice:
+    """The fastest measured configuration for a call of ``M`` x ``N`` in a world of ``W``
+    ranks (module doc). ``usable(backend)``: whether this world can run it (a backend's
+    gate). ``ValueError`` naming the table where it has no row for the call."""
+    classes = allowed_classes(accuracy)
+    pool = [r for r in table.rows if r.W == W and r.N == N and r.producer == producer
+            and r.correct and r.accuracy in classes and usable(r.backend)]
+    if not pool:
+        tuned = sorted({(r.W, r.N, r.producer) for r in table.rows})
+        raise ValueError(
+            f"{table.describe()} has no correct {'/'.join(classes)} row usable here for W = {W}, "
+            f"N = {N}, producer {producer} (tuned W, N, producer: {tuned}); tune this shape "
+            "(tools/tune.py) or set RADIANCE_AR_BACKEND to a backend")
+    at = _nearest(sorted({r.M for r in pool}), M)
+    here = [r for r in pool if r.M == at]
+    best = min(here, key=lambda r: (r.t_ms, r.backend, r.slices, r.plan))
+    where = f"M = {at}" if at == M else f"M = {at}, the nearest measured to {M}"
+    reason = (f"fastest {accuracy if accuracy == 'exact' else 'exact or quantized'} of "
+              f"{len(here)} measured at {where} (W = {W}, N = {N}): {best.t_ms:.3f} ms")
+    return Choice(best.backend, best.slices, best.plan, best.schedule, at, best.t_ms, reason)
+
+
+def measured_choices(table: TuningTable, W: int, N: int, producer: str, accuracy: str,
+                     usable: Callable[[str], bool] = lambda name: True) -> list[Choice]:
+    """The choice at every M the table measured for (W, N, producer), smallest M first
+    (the vLLM installer's summary); ``ValueError`` as :func:`choose` where there is none."""
+    ms = sorted({r.M for r in table.rows if (r.W, r.N, r.producer) == (W, N, producer)})
+    return [choose(table, W, N, m, producer, accuracy, usable) for m in ms or [1]]

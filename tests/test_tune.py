@@ -1,0 +1,77 @@
+"""tools/tune.py: a CPU world's tune run writes a tuning file that loads, says its times
+mean nothing, and holds every checked case; the shipped table is what --from-compare
+makes of the committed H200 runs."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+from radiance_ar.overlap import tuning
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def tune(*argv: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("RADIANCE_AR_BACKEND", None)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tune.py"), *argv],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_a_cpu_tune_run_writes_every_checked_case_and_says_the_times_mean_nothing(tmp_path):
+    out = str(tmp_path / "t.json")
+    r = tune("--world", "2", "--m", "64,128", "--n", "256", "--k", "64", "--backends",
+             "sdma,sdma_wht6", "--slices", "1,2", "--reps", "2", "--warmup", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    t = tuning.load(out)
+    assert t.world == "cpu-shm" and "the times mean nothing" in t.note
+    # sdma: 2 M x (S=1, S=2 uniform, S=2 growing); sdma_wht6 the same; the base arm (stock) per M
+    cases = {(row.backend, row.M, row.slices, row.plan) for row in t.rows}
+    want = {(b, m, s, p) for b in ("sdma", "sdma_wht6") for m in (64, 128)
+            for s, p in ((1, "uniform"), (2, "uniform"), (2, "growing"))}
+    assert cases == want | {("stock", 64, 1, "uniform"), ("stock", 128, 1, "uniform")}
+    assert all(row.W == 2 and row.N == 256 and row.K == 64 and row.t_ms > 0 for row in t.rows)
+    assert "ETA" in r.stderr and "1/14" in r.stderr
+    summary = r.stdout.splitlines()
+    assert summary[0].startswith("# 14 of 14 cases measured in ")
+    assert summary[1] == f"# tuning file {out}: cpu, cpu-shm, {t.measured_at}"
+    for m in (64, 128):
+        best = min((row for row in t.rows if row.M == m and row.backend != "sdma_wht6"),
+                   key=lambda row: row.t_ms)
+        line = next(x for x in summary if x.split()[:3] == ["2", "256", str(m)])
+        assert f"{best.t_ms:.3f}" in line, (line, best)
+
+
+def test_a_budget_of_no_time_measures_nothing_and_writes_no_file(tmp_path):
+    out = str(tmp_path / "t.json")
+    r = tune("--world", "2", "--m", "64", "--n", "256", "--k", "64", "--backends", "sdma",
+             "--slices", "1", "--max-minutes", "0", "--out", out)
+    assert r.returncode == 1 and "--max-minutes 0 reached after 0 of" in r.stderr
+    assert not os.path.exists(out)
+
+
+def test_the_shipped_table_is_reproduced_by_the_committed_results(tmp_path):
+    """Converted from compare runs: converting them again gives the same table. Written
+    by a tune run: its file is committed under tools/results/ (the same bytes)."""
+    with open(tuning.SHIPPED_PATH, "rb") as f:
+        data = f.read()
+    shipped = json.loads(data)
+    argv = shlex.split(shipped["command"])[1:]
+    if "--from-compare" not in argv:
+        committed = glob.glob(os.path.join(ROOT, "tools", "results", "**", "*.json"),
+                              recursive=True)
+        assert any(open(p, "rb").read() == data for p in committed), \
+            "the shipped tuning table is not committed under tools/results/"
+        return
+    out = str(tmp_path / "t.json")
+    argv[argv.index("--out") + 1] = out
+    r = tune(*argv)
+    assert r.returncode == 0, r.stderr
+    again = json.load(open(out))
+    assert {k: v for k, v in again.items() if k != "command"} == \
+        {k: v for k, v in shipped.items() if k != "command"}

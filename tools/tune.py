@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Measure every candidate configuration on this machine and write a tuning file.
+
+The file is what ``RADIANCE_AR_BACKEND=auto`` chooses from (``RADIANCE_AR_TUNING=FILE``;
+format and choice: radiance_ar/overlap/tuning.py). For every N, M, backend, S and plan
+(and producer) it runs the cases of tools/compare_backends.py, measured by the same code
+(world_measure / emulated_measure: the op's result checked on every rank against a
+float64 reference, then timed), and keeps per case the op's time. The baseline arm
+(tools/baseline.py) is always measured, so the summary compares each choice with it.
+
+  python tools/tune.py --world 2 --m 2048,8192 --out tuning.json     # emulated on a GPU
+  python tools/tune.py --from-compare compare.json ... --out t.json  # from compare runs
+
+Every other option is compare_backends' (tools/compare_args.py: --world, --mode, --m,
+--k, --backends, --slices, --plans, --producer, --reps, --warmup), with tune's defaults
+for --m (the chunk sizes a server sees, below), --slices 1,2,4,8 and --plans
+uniform,growing. On a GPU the emulated world's cases time the op alone
+(``emulated_measure.measure_emulated(op_only=True)``: one active rank, passive peers).
+
+The file is rewritten after every case, so an interrupt (Ctrl-C) or ``--max-minutes``
+keeps everything measured so far. A CPU world runs for correctness only: its times mean
+nothing, and the file says so in its ``note``. The summary last: per (W, N, M) what
+``auto`` chooses for each accuracy class, its time and the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import shlex
+import sys
+import time
+
+import torch
+
+import baseline
+import compare_backends
+import producer_inputs
+from compare_args import int_list, parse_args as compare_parse_args
+import report
+from radiance_ar import envs
+from radiance_ar.envs import ACCURACY_CLASSES
+from radiance_ar.overlap import tuning
+
+#: chunked prefill's chunk sizes (vLLM's max_num_batched_tokens settings) from the
+#: op's minimum M (RADIANCE_AR_OVERLAP_MIN_M's default) up, and 12288: without it the
+#: nearest measured M jumps from 8192 to 16384 at 11585; CPU worlds: sizes 2 cores finish
+TUNE_M = {"gpu": [2048, 4096, 8192, 12288, 16384], "cpu": [256, 1024]}
+#: every slice count the op's pipeline is measured at (issue 30: S in {1, 2, 4, 8})
+TUNE_SLICES = "1,2,4,8"
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """(tune's own options, the compare_backends options the rest of the line names)."""
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="the tuning file to write")
+    p.add_argument("--n", type=int_list, default=None,
+                   help="output columns N, comma-separated; default compare_backends' N")
+    p.add_argument("--producers", default=None,
+                   help="GEMM producers, comma-separated (one file for all); default --producer")
+    p.add_argument("--worlds", type=int_list, default=None,
+                   help="world sizes W, comma-separated (one file for all); default --world")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop starting cases after this many minutes (what was measured is "
+                        "kept); default no limit")
+    p.add_argument("--from-compare", nargs="+", default=None, metavar="JSON",
+                   help="write the file from compare_backends JSON files instead of measuring")
+    p.add_argument("--note", default="",
+                   help="a line the file keeps in its note (e.g. a setting the runs forced)")
+    own, rest = p.parse_known_args(argv)
+    own.producers = None if own.producers is None else [x for x in own.producers.split(",") if x]
+    for name in own.producers or []:
+        if name not in producer_inputs.known():
+            p.error(f"--producers: {name!r}: expected some of {', '.join(producer_inputs.known())}")
+    if not any(a.startswith("--slices") for a in rest):
+        rest += ["--slices", TUNE_SLICES]
+    if not any(a.startswith("--plans") for a in rest):
+        rest += ["--plans", ",".join(envs.OVERLAP_PLANS)]
+    rest += ["--no-png", "--no-probe"]
+    return own, compare_parse_args(rest)
+
+
+def rows_of(records: list[dict]) -> list[dict]:
+    """The tuning rows of compare records: every correct, timed case (skipped and wrong
+    cases are left out: nothing was timed)."""
+    keys = ("backend", "schedule", "W", "N", "K", "M", "producer", "slices", "plan")
+    return [{**{k: r.get(k) for k in keys}, "t_ms": r["t_ovl_ms"],
+             "spread_ms": r.get("t_ovl_spread_ms"), "correct": True}
+            for r in records if r.get("correct") and r.get("t_ovl_ms")]
+
+
+def header_of(hdr: dict, command: str, note: str = "") -> dict:
+    """A tuning file's header from a compare_backends header."""
+    runtime = f"torch {hdr['torch']}, cuda {hdr['cuda']}, hip {hdr['hip']}"
+    if hdr["world"] == "cpu-shm":
+        note = ("a CPU world (gloo + shared memory): every result was checked, but the "
+                "times mean nothing; tune on the GPU machine that serves. " + note).strip()
+    return {"device": hdr["device"], "runtime": runtime, "world": hdr["world"],
+            "measured_at": hdr["date"], "command": command, "note": note}
+
+
+def summary(table: tuning.TuningTable) -> str:
+    """Per (W, N, M, producer): what auto chooses for each accuracy class, and the base."""
+    lines = [f"# tuning file {table.path}: {table.device}, {table.world}, {table.measured_at}"]
+    if table.note:
+        lines.append(f"# note: {table.note}")
+    base_name = baseline.default_arm(table.world)[0]
+    out = []
+    for W, N, M, producer in sorted({(r.W, r.N, r.M, r.producer) for r in table.rows}):
+        base = [r for r in table.rows if (r.W, r.N, r.M, r.producer) == (W, N, M, producer)
+                and (r.backend, r.slices) == base_name]
+        row = {"W": W, "N": N, "M": M, "producer": producer, "base": baseline.label(base_name),
+               "base ms": base[0].t_ms if base else None}
+        for acc in ACCURACY_CLASSES:
+            try:
+                c = tuning.choose(table, W, N, M, producer, acc)
+                row[acc] = f"{c.backend} {'unsliced' if c.slices == 1 else f'S={c.slices} {c.plan}'}"
+                row[f"{acc} ms"] = c.t_ms
+                row[f"{acc} vs base"] = base[0].t_ms / c.t_ms if base else None
+            except ValueError:
+                row[acc] = "(none measured)"
+        out.append(row)
+    cols = [("W", "W", "{}"), ("N", "N", "{}"), ("M", "M", "{}"), ("producer", "producer", "{}")]
+    for acc in ACCURACY_CLASSES:
+        cols += [(acc, acc, "{}"), ("ms", f"{acc} ms", "{:.3f}"),
+                 ("vs base", f"{acc} vs base", "{:.2f}x")]
+    cols += [("base", "base", "{}"), ("base ms", "base ms", "{:.3f}")]
+    return "\n".join(lines + [report.table(out, cols)])
+
+
+def progress(i: int, total: int, label: str, start: float) -> None:
+    """``[####....] i/total label, elapsed, ETA`` on stderr (ETA: the mean case so far)."""
+    elapsed = time.monotonic() - start
+    eta = elapsed / (i - 1) * (total - i + 1) if i > 1 else None
+    bar = "#" * (20 * (i - 1) // total)
+    print(f"[{bar:<20}] {i}/{total} {label}  {elapsed:5.0f} s"
+          + (f", ETA {eta:4.0f} s" if eta is not None else ""), file=sys.stderr, flush=True)
+
+
+def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> int:
+    """Run every case (see module doc), writing the file after each; rc 1 if one was wrong."""
+    gpu = args.mode == "emulated" or (args.mode == "auto" and torch.cuda.is_available())
+    device = "gpu" if gpu else "cpu"
+    args.m = args.m or TUNE_M[device]
+    kind = "gpu-emulated" if gpu else "cpu-shm"
+    todo = []  # (W, case), shape by shape: a run cut short loses whole shapes, not a backend
+    for size, n, producer in itertools.product(own.worlds or [args.world], own.n or [None],
+                                               own.producers or [args.producer]):
+        args.world, args.n, args.producer = size, n, producer
+        # one seed per shape: its cases share their inputs (world_measure.shard's cache)
+        todo += [(size, dataclasses.replace(c, seed=c.rows))
+                 for c in compare_backends.cases(args, device, kind)]
+    todo.sort(key=lambda wc: (wc[0], wc[1].cols, wc[1].producer, wc[1].rows))
+    if gpu:
+        from radiance_ar.transport.world import emulated_worlds
+        from emulated_measure import measure_emulated
+        dev = torch.device("cuda", torch.cuda.current_device())
+        hdr = compare_backends.header(kind, "", args.world, torch.cuda.get_device_name(dev))
+
+        def run(size, case):
+            if size not in probes:  # the gates read a world; one per size
+                probes[size] = emulated_worlds(size, dev)[0]
+            reason = compare_backends.gate_reason(case.backend, probes[size])
+            return ({"backend": case.backend, "skipped": reason} if reason is not None
+                    else measure_emulated(case, size, dev, op_only=True))
+    else:
+        from radiance_ar.harness.cpu_world import CpuWorldPool
+        hdr = compare_backends.header(kind, "", args.world, "cpu")
+
+        def run(size, case):
+            if size not in pools:
+                pools[size] = CpuWorldPool(size)
+            return pools[size].run(compare_backends.run_case, case)[0]
+    pools: dict = {}
+    probes: dict = {}
+    head = header_of(hdr, command, own.note)
+    records, start, stopped = [], time.monotonic(), None
+    try:
+        for i, (size, case) in enumerate(todo, 1):
+            if own.max_minutes is not None and time.monotonic() - start > 60 * own.max_minutes:
+                stopped = f"--max-minutes {own.max_minutes:g} reached after {i - 1} of {len(todo)} cases"
+                break
+            progress(i, len(todo), case.label() + f" W={size} N={case.cols}", start)
+            records.append(run(size, case))
+            if rows_of(records):
+                tuning.dump(own.out, head, rows_of(records))
+    except KeyboardInterrupt:
+        stopped = f"interrupted after {len(records)} of {len(todo)} cases"
+    finally:
+        for pool in pools.values():
+            pool.close()
+    elapsed = time.monotonic() - start
+    print(f"# {len(records)} of {len(todo)} cases measured in {elapsed:.0f} s "
+          f"({elapsed / max(len(records), 1):.2f} s per case)")
+    if stopped:
+        print(f"note: {stopped}; {own.out} holds what was measured", file=sys.stderr)
+    wrong = [r for r in records if r.get("correct") is False]
+    for r in wrong:
+        print(f"WRONG {r['backend']} M={r['M']} S={r['slices']}: rel rms {r['rel_rms_err']:.2e} -- "
+              "not timed, not in the file")
+    if not rows_of(records):
+        print("tune: nothing was measured correct; no file written", file=sys.stderr)
+        return 1
+    print(summary(tuning.load(own.out)))
+    return 1 if wrong else 0
+
+
+def from_compare(own: argparse.Namespace, command: str) -> int:
+    """Write the file from compare_backends JSON files of one machine and world."""
+    rows, heads = [], []
+    for path in own.from_compare:
+        with open(path) as f:
+            data = json.load(f)
+        heads.append(data["mode"])
+        rows += rows_of(data["records"])
+    worlds = {(h["device"], h["world"]) for h in heads}
+    if len(worlds) != 1:
+        print(f"tune: --from-compare files come from different machines or worlds: {worlds}",
+              file=sys.stderr)
+        return 2
+    note = (f"{own.note} " if own.note else "") + "converted from " + "; ".join(
+        f"{h['date']}: {h['command']}" for h in heads)
+    tuning.dump(own.out, header_of(heads[-1], command, note), rows)
+    print(summary(tuning.load(own.out)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, args = parse_args(argv)
+    command = shlex.join(["tune.py"] + argv)
+    problem = report.unwritable_reason(own.out, False)
+    if problem is not None:
+        print(f"tune: cannot write {own.out}: {problem}", file=sys.stderr)
+        return 2
+    if own.from_compare:
+        return from_compare(own, command)
+    return measure(own, args, command)
+
+
+if __name__ == "__main__":
+    envs.prepare_cuda_for_emulated_ranks()
+    sys.exit(main())
