@@ -16,6 +16,7 @@ import world_jobs  # noqa: E402
 from radiance_ar import wht6  # noqa: E402
 from radiance_ar.call_contract import PeerAbortedError, PeerTimeoutError  # noqa: E402
 from radiance_ar.envs import BackendSettings  # noqa: E402
+from radiance_ar.backends.sdma_schedule import AUTO_WHT6_TWOSHOT_MIN_BYTES  # noqa: E402
 from radiance_ar.backends.sdma_wht6 import SdmaWht6Backend  # noqa: E402
 from radiance_ar.harness.emulated import EmulatedRanks  # noqa: E402
 from oneshot_jobs import bits, make_input  # noqa: E402
@@ -36,8 +37,18 @@ def codec_result(xs, schedule):
 
 
 # (rows, cols): rows < W (empty shards), 768 columns (600-byte payload rows), the model's
-# 5120, and 2048 x 5120 (7.8 MiB of payload: auto is one-shot below 24 MiB, sdma_schedule).
+# 5120, and 2048 x 5120 (7.8 MiB of payload: auto is two-shot from 3 MiB at W >= 4,
+# sdma_schedule; the random slice counts put some of its slices on either side).
 SHAPES = [(1, 256), (3, 768), (64, 512), (300, 768), (16, 5120), (2048, 5120)]
+
+
+def expected_schedule(schedule: str, size: int, numel: int) -> str:
+    """The rule of sdma_schedule's doc, written out: auto is two-shot from 4 ranks and
+    AUTO_WHT6_TWOSHOT_MIN_BYTES of payload."""
+    if schedule != "auto":
+        return schedule
+    big = wht6.payload_bytes(numel) >= AUTO_WHT6_TWOSHOT_MIN_BYTES
+    return "twoshot" if size >= 4 and big else "oneshot"
 
 
 @pytest.mark.parametrize("size,schedule", [(2, "twoshot"), (3, "twoshot"), (4, "twoshot"),
@@ -65,6 +76,8 @@ def test_emulated_ranks_codec_result_identical_and_wire_bytes(size, schedule, re
             be.check(5000)
         torch.cuda.synchronize()
         schedules = [bes[0].schedule_for(wht6.payload_bytes((b - a) * cols)) for a, b in bounds]
+        assert schedules == [expected_schedule(schedule, size, (b - a) * cols)
+                             for a, b in bounds], (call, rows, cols, slices)
         ran.update(schedules)
         want = torch.cat([codec_result([x[a:b] for x in xs], s)
                           for (a, b), s in zip(bounds, schedules)]).cpu()
@@ -75,7 +88,7 @@ def test_emulated_ranks_codec_result_identical_and_wire_bytes(size, schedule, re
             assert world_jobs.rel_rms(out, exact) <= be.rel_rms_bound, (call, r)
             wire = sum(be.wire_bytes((b - a) * cols, size) for a, b in bounds)
             assert be.pulled_bytes - before[r] == wire, (call, r)
-    assert ran == ({"oneshot"} if schedule == "auto" else {schedule})
+    assert ran == ({"oneshot", "twoshot"} if schedule == "auto" else {schedule})
 
 
 def test_emulated_ranks_twoshot_through_the_op(release):
