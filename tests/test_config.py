@@ -23,6 +23,7 @@ BAD_VALUES = {
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
     "RADIANCE_AR_OP_GRAPHS": ["2", "no", "1", "ON"],
     "RADIANCE_AR_OP_GRAPHS_MAX": ["0", "4097", "-1", "many"],
+    "RADIANCE_AR_PEER_MEMORY": ["", "Host", "p2p", "shm", "symmetric"],
 }
 
 

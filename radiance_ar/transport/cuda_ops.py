@@ -88,3 +88,22 @@ def cuda_device_pointer(host_ptr: int) -> int:
     (dev_ptr,) = _cuda_ok(runtime.cudaHostGetDevicePointer(host_ptr, 0),
                           "cudaHostGetDevicePointer")
     return int(dev_ptr)
+
+
+#: cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): every context
+#: of the process sees the pages as pinned, at a device address (UVA: the host address)
+CUDA_HOST_REGISTER_FLAGS = 0x01 | 0x02
+
+
+def cuda_host_register(host_ptr: int, nbytes: int) -> None:
+    """``cudaHostRegister`` (portable, mapped): pin ``nbytes`` at ``host_ptr`` (a mapping of
+    this process) for copy engines, kernels and stream memory operations."""
+    _, runtime = _cuda()
+    _cuda_ok(runtime.cudaHostRegister(host_ptr, nbytes, CUDA_HOST_REGISTER_FLAGS),
+             f"cudaHostRegister({nbytes} B)")
+
+
+def cuda_host_unregister(host_ptr: int) -> None:
+    """``cudaHostUnregister``: unpin what :func:`cuda_host_register` pinned at ``host_ptr``."""
+    _, runtime = _cuda()
+    _cuda_ok(runtime.cudaHostUnregister(host_ptr), "cudaHostUnregister")
