@@ -211,6 +211,7 @@ PADDED = {
     "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
     "RADIANCE_AR_OP_GRAPHS": [(" off ", "off")],
     "RADIANCE_AR_OP_GRAPHS_MAX": [(" 8\n", 8)],
+    "RADIANCE_AR_PEER_MEMORY": [(" host\n", "host"), ("symm ", "symm")],
 }
 
 
