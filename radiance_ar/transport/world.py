@@ -86,14 +86,14 @@ def from_process_group(group: dist.ProcessGroup | None = None,
     :func:`choose_peer_memory`). ``all_reduce``: the vendor collective of
     :attr:`World.all_reduce` (None: the group's).
     """
-    if not dist.is_initialized():
-        raise RuntimeError("from_process_group: torch.distributed is not initialized "
-                           "(run under torchrun, or use radiance_ar.harness.cpu_world for CPU ranks)")
     if peer_memory is None:
         peer_memory = envs.get("RADIANCE_AR_PEER_MEMORY")
     elif peer_memory not in envs.PEER_MEMORIES:
         raise ValueError(f"from_process_group: peer_memory {peer_memory!r}: expected one of "
                          f"{', '.join(envs.PEER_MEMORIES)}")
+    if not dist.is_initialized():
+        raise RuntimeError("from_process_group: torch.distributed is not initialized "
+                           "(run under torchrun, or use radiance_ar.harness.cpu_world for CPU ranks)")
     if device is None:
         device = (torch.device("cuda", torch.cuda.current_device())
                   if dist.get_backend(group) == "nccl" else torch.device("cpu"))
