@@ -324,6 +324,16 @@ def torchrun_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
         raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer (set by torchrun)") from None
 
 
+def torchrun_local_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """``LOCAL_WORLD_SIZE`` (ranks on this host) as torchrun sets it; 1 when not set."""
+    env = os.environ if environ is None else environ
+    raw = env.get("LOCAL_WORLD_SIZE", "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"LOCAL_WORLD_SIZE={raw!r}: expected an integer (set by torchrun)") from None
+
+
 def torchrun_rank(environ: Mapping[str, str] | None = None) -> int:
     """``RANK`` (the global rank) as torchrun sets it; 0 when not launched by torchrun."""
     env = os.environ if environ is None else environ
