@@ -4,6 +4,7 @@ while still mapped, on every path) through the real binding layer over stand-in 
 bindings (tests/fake_cuda_bindings.py), in real processes. The GPU half is
 tests/test_host_world_gpu.py."""
 
+import mmap
 import os
 import sys
 
@@ -66,8 +67,6 @@ def fake_cuda(monkeypatch):
 
 
 def _mapping(tmp_path, nbytes=8192):
-    import mmap
-
     path = tmp_path / "buf"
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     os.ftruncate(fd, nbytes)
@@ -113,7 +112,7 @@ def registered_sharing_job(world):
     dropped (every registration undone while mapped) and close() (directory gone)."""
     fake.install()
     mem = hpm.RegisteredHostMemory(world.group, CUDA0)
-    bufs = [mem.allocate("a", 4096), mem.allocate("flags", 2112)]
+    bufs = [mem.allocate("a", 4096), mem.allocate("flags", 2112)]  # the second: one page
     mem.barrier()
     directory = mem._dir
     out = {"kind": mem.kind, "dir_mode": os.stat(directory).st_mode & 0o777,
@@ -125,7 +124,10 @@ def registered_sharing_job(world):
     out["shared"] = [bool(torch.equal(b.peer(other), torch.arange(b.nbytes) % 251 + other))
                      for b in bufs]
     out["registered"] = sorted((c[1], c[2], c[3], c[4]) for c in fake.CALLS)
-    out["addresses"] = sorted((p.data_ptr(), b.nbytes) for b in bufs for p in b.peers)
+    # registered in whole pages; the buffers are the bytes asked for
+    out["addresses"] = sorted((p.data_ptr(), -(-b.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+                              for b in bufs for p in b.peers)
+    out["sizes"] = [(b.nbytes, [p.numel() for p in b.peers]) for b in bufs]
     mem.barrier()
     del bufs, b  # the last references to the tensors: each registration ends here
     out["unregistered"] = [(c[1], c[4]) for c in fake.CALLS if c[0] == "unregister"]
@@ -142,6 +144,7 @@ def test_registered_host_memory_in_real_processes():
     for r, o in enumerate(out):
         assert o["kind"] == "gpu-host" and o["dir_mode"] == 0o700 and o["left"] == [], r
         assert o["shared"] == [True, True], r
+        assert o["sizes"] == [(4096, [4096, 4096]), (2112, [2112, 2112])], r
         # every mapping of this rank (its own two and its peer's two) registered, mapped,
         # portable and mapped-to-device
         assert o["registered"] == [(a, n, 0x03, True) for a, n in o["addresses"]], r

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from radiance_ar.transport.copy_engine import platform
-from radiance_ar.transport.peer_memory import SharedFileMemory
+from radiance_ar.transport.peer_memory import PeerBuffer, SharedFileMemory
 
 
 class HostRegistration:
@@ -115,6 +115,13 @@ class RegisteredHostMemory(SharedFileMemory):
                  root: str = "/dev/shm"):
         self.registration = HostRegistration(device)
         super().__init__(group, root)
+
+    def _allocate(self, name: str, nbytes: int) -> PeerBuffer:
+        # Whole pages: a registration pins whole pages, and older runtimes refused a range
+        # that is not page-aligned at both ends. The buffer is the first nbytes of them.
+        pages = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        whole = super()._allocate(name, pages)
+        return PeerBuffer(name, nbytes, self.rank, [p[:nbytes] for p in whole.peers])
 
     def _tensor(self, mapping: mmap.mmap) -> torch.Tensor:
         return registered_tensor(mapping, self.registration)
