@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device session for the gpu-host world (processes sharing one GPU, peer memory in
+# registered shared host memory): its GPU tests, then compare_backends under torchrun with
+# 2 ranks on the one GPU. Usage (on a GPU machine): tools/host_world_session.sh OUT_DIR
+# Writes into OUT_DIR: pytest.log (with the 25 slowest tests), compare.log and
+# compare.tar.gz (the compare tool's JSON, CSV and PNG); prints a summary table last and
+# exits nonzero if the tests or the compare run failed.
+set -uo pipefail
+out=${1:?usage: tools/host_world_session.sh OUT_DIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+timeout "${TEST_TIMEOUT_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short \
+    -o faulthandler_timeout=60 --durations=25 tests/test_host_world_gpu.py > "$out/pytest.log" 2>&1
+tests_rc=$?
+tests_s=$SECONDS
+# Ranks share the GPU, so every figure is time-sliced (the header says so); correctness and
+# identical bits on both ranks are what this run checks.
+RADIANCE_AR_PEER_MEMORY=host timeout "${COMPARE_TIMEOUT_S:-60}" \
+    torchrun --nproc-per-node 2 tools/compare_backends.py --world 2 --m 2048 --reps 3 \
+    --warmup 1 --no-probe --out-dir /tmp/compare_host > "$out/compare.log" 2>&1
+compare_rc=$?
+tar czf "$out/compare.tar.gz" -C /tmp compare_host 2>/dev/null
+{
+    echo "== gpu-host session on $(cat "$out/gpu.txt")"
+    grep -E "^(FAILED|ERROR) " "$out/pytest.log" | head -40
+    printf "%-34s %-6s %s\n" "step" "rc" "result"
+    printf "%-34s %-6s %s\n" "tests/test_host_world_gpu.py" "$tests_rc" \
+        "$(grep -E '[0-9]+ (passed|failed|error)' "$out/pytest.log" | tail -1) (${tests_s}s)"
+    printf "%-34s %-6s %s\n" "torchrun compare_backends (W=2)" "$compare_rc" \
+        "$(grep -cE '^WRONG' "$out/compare.log") wrong rows ($((SECONDS - tests_s))s)"
+} | tee "$out/summary.log"
+[ "$tests_rc" -eq 0 ] && [ "$compare_rc" -eq 0 ]
