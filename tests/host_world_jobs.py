@@ -72,12 +72,13 @@ def _resident_bytes() -> int:
 
 def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: int,
              warm: int) -> dict:
-    """``calls`` op calls of one shape (the default graph setting), after ``warm`` calls;
-    the memory of the process, the GPU and the peer memory before and after, and the
-    last output (its inputs are those of seed ``calls``)."""
+    """``calls`` op calls of one layer (one weight, the default graph setting) after
+    ``warm`` calls; the memory of the process, the GPU and the peer memory before and
+    after, and the last output, whose activation is seed ``calls``'s (the others seed 0's;
+    the weight is always seed 0's), so a replay that wrote nothing new would show."""
     rt = overlap.build(world, _settings(backend, min(rows, 64), 4, "auto"))
-    xs = [tuple(t.to(world.device) for t in shard(s, world.rank, rows, cols, k))
-          for s in (0, calls)]
+    x0, w = (t.to(world.device) for t in shard(0, world.rank, rows, cols, k))
+    xs = [(x0, w), (shard(calls, world.rank, rows, cols, k)[0].to(world.device), w)]
 
     def snapshot() -> dict:
         torch.cuda.synchronize()

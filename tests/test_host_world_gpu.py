@@ -139,7 +139,9 @@ def test_a_killed_peer_raises_on_every_survivor_within_the_bound_and_leaves_noth
 def test_a_thousand_calls_keep_memory_flat(pools, size, backend):
     rows, cols, k, calls = 256, N, K, 1000
     res = pools(size).run(jobs.soak_job, backend, calls, rows, cols, k, 20, timeout_s=240)
-    ref = world_jobs.reference(calls, size, rows, cols, k)
+    # the last call's inputs: every rank's activation of seed ``calls``, weight of seed 0
+    ref = sum(world_jobs.shard(calls, r, rows, cols, k)[0].double()
+              @ world_jobs.shard(0, r, rows, cols, k)[1].double().t() for r in range(size))
     out_bytes = rows * cols * 2  # the last output, held when memory is read afterwards
     for rank, r in enumerate(res):
         b, a = r["before"], r["after"]

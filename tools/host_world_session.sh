@@ -17,7 +17,7 @@ tests_s=$SECONDS
 # Ranks share the GPU, so every figure is time-sliced (the header says so); correctness and
 # identical bits on both ranks are what this run checks.
 RADIANCE_AR_PEER_MEMORY=host timeout "${COMPARE_TIMEOUT_S:-60}" \
-    torchrun --nproc-per-node 2 tools/compare_backends.py --world 2 --m 2048 --reps 3 \
+    python3 -m torch.distributed.run --nproc-per-node 2 tools/compare_backends.py --world 2 --m 2048 --reps 3 \
     --warmup 1 --no-probe --out-dir /tmp/compare_host > "$out/compare.log" 2>&1
 compare_rc=$?
 tar czf "$out/compare.tar.gz" -C /tmp compare_host 2>/dev/null
