@@ -44,15 +44,34 @@ def _settings(backend: str, min_m: int, slices: int, graphs: str,
                            BackendSettings(spin_timeout_ms=timeout_ms), graphs=graphs)
 
 
+def layer_inputs(seed: int, rank: int, rows: int, cols: int, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rank``'s activation of ``seed`` and its weight of the layer of width ``k`` (one
+    weight per K whatever the seed: the op captures a layer's calls by its weight)."""
+    return shard(seed, rank, rows, cols, k)[0], shard(1000 + k, rank, 1, cols, k)[1]
+
+
+def layer_reference(seed: int, size: int, rows: int, cols: int, k: int) -> torch.Tensor:
+    """float64 sum over ranks of :func:`layer_inputs`' products."""
+    total = torch.zeros(rows, cols, dtype=torch.float64)
+    for r in range(size):
+        x, w = layer_inputs(seed, r, rows, cols, k)
+        total += x.double() @ w.double().t()
+    return total
+
+
 def op_job(world: World, backend: str, graphs: str, calls: list, cols: int, min_m: int,
            slices: int) -> dict:
-    """One runtime; for each (rows, k, seed) of ``calls`` one op call (checked, on the CPU
-    afterwards). Also what the runtime did: graphs captured / replayed, the collective."""
+    """One runtime; for each (rows, k, seed) of ``calls`` one op call of the layer of
+    width k (checked, then moved to the CPU). Also what the runtime did: graphs captured
+    and replayed, the collective it calls."""
     rt = overlap.build(world, _settings(backend, min_m, slices, graphs))
+    weights: dict[int, torch.Tensor] = {}
     outs = []
     for rows, k, seed in calls:
-        x, w = (t.to(world.device) for t in shard(seed, world.rank, rows, cols, k))
-        out = overlap.forward(rt, x, w, None, "bf16")
+        x, w = layer_inputs(seed, world.rank, rows, cols, k)
+        w = weights.setdefault(k, w.to(world.device))  # the layer's weight stays put
+        out = overlap.forward(rt, x.to(world.device), w, None, "bf16")
         rt.backend.check()
         outs.append(out.cpu())
     graph_cache = rt._graphs
@@ -74,11 +93,11 @@ def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: in
              warm: int) -> dict:
     """``calls`` op calls of one layer (one weight, the default graph setting) after
     ``warm`` calls; the memory of the process, the GPU and the peer memory before and
-    after, and the last output, whose activation is seed ``calls``'s (the others seed 0's;
-    the weight is always seed 0's), so a replay that wrote nothing new would show."""
+    after, and the last output, whose activation is seed ``calls``'s (the others seed
+    0's), so a replay that wrote nothing new would show."""
     rt = overlap.build(world, _settings(backend, min(rows, 64), 4, "auto"))
-    x0, w = (t.to(world.device) for t in shard(0, world.rank, rows, cols, k))
-    xs = [(x0, w), (shard(calls, world.rank, rows, cols, k)[0].to(world.device), w)]
+    x0, w = (t.to(world.device) for t in layer_inputs(0, world.rank, rows, cols, k))
+    xs = [(x0, w), (layer_inputs(calls, world.rank, rows, cols, k)[0].to(world.device), w)]
 
     def snapshot() -> dict:
         torch.cuda.synchronize()

@@ -70,7 +70,7 @@ def test_every_backend_through_the_op_matches_float64_with_the_same_bits(pools, 
     calls = [(256, K, 1), (192, 64, 2), (256, K, 3), (256, K, 4), (16, K, 5)]
     res = pools(size).run(jobs.op_job, backend, graphs, calls, N, MIN_M, SLICES)
     for i, (rows, k, seed) in enumerate(calls):
-        ref = world_jobs.reference(seed, size, rows, N, k)
+        ref = jobs.layer_reference(seed, size, rows, N, k)
         for rank, r in enumerate(res):
             rel = world_jobs.rel_rms(r["outs"][i], ref)
             assert rel <= r["bound"], (rank, i, rel)
@@ -139,9 +139,7 @@ def test_a_killed_peer_raises_on_every_survivor_within_the_bound_and_leaves_noth
 def test_a_thousand_calls_keep_memory_flat(pools, size, backend):
     rows, cols, k, calls = 256, N, K, 1000
     res = pools(size).run(jobs.soak_job, backend, calls, rows, cols, k, 20, timeout_s=240)
-    # the last call's inputs: every rank's activation of seed ``calls``, weight of seed 0
-    ref = sum(world_jobs.shard(calls, r, rows, cols, k)[0].double()
-              @ world_jobs.shard(0, r, rows, cols, k)[1].double().t() for r in range(size))
+    ref = jobs.layer_reference(calls, size, rows, cols, k)  # the last call's inputs
     out_bytes = rows * cols * 2  # the last output, held when memory is read afterwards
     for rank, r in enumerate(res):
         b, a = r["before"], r["after"]
