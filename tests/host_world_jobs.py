@@ -16,7 +16,6 @@ from radiance_ar.transport.copy_engine import CopyEngine
 from radiance_ar.transport.world import World
 from world_jobs import shard
 
-DT = torch.bfloat16
 
 
 def probe_job(world: World) -> dict:

@@ -75,7 +75,7 @@ def test_every_backend_through_the_op_matches_float64_with_the_same_bits(pools, 
             rel = world_jobs.rel_rms(r["outs"][i], ref)
             assert rel <= r["bound"], (rank, i, rel)
             assert torch.equal(r["outs"][i], res[0]["outs"][i]), (rank, i)
-    if graphs == "auto" and backend != "stock":
+    if graphs == "auto" and backend in ("sdma", "sdma_wht6"):  # the backends that replay
         assert all(r["replays"] > 0 for r in res), [r["replays"] for r in res]
     if backend == "stock":
         assert "gloo" in res[0]["collective"] and "host round trip" in res[0]["collective"]
