@@ -86,12 +86,33 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     if not record["correct"]:
         return record
     world = emulated_worlds(size, device)[0]
+    rt, serial_rt = active_runtimes(world, case)
+    try:
+        time_active_rank(record, case, rt, serial_rt)
+    finally:
+        rt.close()
+        serial_rt.close()
+    return record
+
+
+def active_runtimes(world, case: Case) -> tuple[overlap.OverlapRuntime, overlap.OverlapRuntime]:
+    """The op's runtime of ``case`` and its serial baseline's (the same backend, one slice)
+    for ``world`` (collective where the world's memory is)."""
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
                                               plan=case.plan))
     serial_rt = overlap.build(world, OverlapSettings(True, case.backend, 1, 1, knobs))
-    backend = rt.backend
-    ops = producer_inputs.operands(case.producer, *shard(case, 0, device))
+    return rt, serial_rt
+
+
+def time_active_rank(record: dict, case: Case, rt: overlap.OverlapRuntime,
+                     serial_rt: overlap.OverlapRuntime) -> None:
+    """Phase 2 (module doc) on the rank of ``rt``'s world: its peers made passive, every
+    timing of ``case`` into ``record``. The world's peers must make no call meanwhile
+    (emulated: they are not driven; processes: they wait at a barrier)."""
+    world, backend = rt.world, rt.backend
+    size, device = world.size, world.device
+    ops = producer_inputs.operands(case.producer, *shard(case, world.rank, device))
     xs = [ops.x] + [ops.x.clone() for _ in range(gpu_timing.copies_for(ops.x) - 1)]
     y = torch.empty(case.rows, case.cols, dtype=torch.bfloat16, device=device)
     for r in (rt, serial_rt):
@@ -119,7 +140,8 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
         gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
     record["schedule"] = slice_schedule(backend, case, case.slices, y.dtype)
-    # A fresh world: the probe's pinned buffers go with it, not with the backends' group.
+    # The raw link: H2D copies from pinned host memory of this process (a fresh emulated
+    # world, its buffers not the backends'), the copies a pull of host-memory peers makes.
     gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"],
                         len(bounds) - 1, case.reps, case.warmup)
     record.update(metrics.derived(times, bounds, record["wire_bytes"], gbs))
@@ -131,6 +153,3 @@ def measure_emulated(case: Case, size: int, device: torch.device) -> dict:
     record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting
     # what the timed op calls were: replayed graphs, or why each step was enqueued
     record["op_graphs"] = rt.graph_reason() or "replayed"
-    rt.close()
-    serial_rt.close()
-    return record
