@@ -26,6 +26,8 @@ tar czf "$out/compare.tar.gz" -C /tmp compare_host 2>/dev/null
 {
     echo "== gpu-host session on $(cat "$out/gpu.txt")"
     grep -E "^(FAILED|ERROR) " "$out/pytest.log" | head -40
+    grep -E "^# (peer memory|timing)" "$out/compare.log"
+    grep -A4 -E "^ *backend " "$out/compare.log" | head -12  # the compare table
     printf "%-34s %-6s %s\n" "step" "rc" "result"
     printf "%-34s %-6s %s\n" "tests/test_host_world_gpu.py" "$tests_rc" \
         "$(grep -E '[0-9]+ (passed|failed|error)' "$out/pytest.log" | tail -1) (${tests_s}s)"
