@@ -162,3 +162,27 @@ def test_a_killed_peer_raises_on_the_survivor_within_the_bound_and_leaves_nothin
     assert call["error"] == "PeerTimeoutError" and call["seconds"] < 2.0, call
     assert "peer rank 1" in call["message"], call
     assert not os.path.exists(res[0]["dir"])
+
+
+def test_the_choice_is_logged_once_per_reason(caplog):
+    from radiance_ar.transport import world as world_module
+
+    reason = "ranks 0 and 1 share one GPU (a test of the log)"
+    with caplog.at_level("WARNING", logger="radiance_ar"):
+        for _ in range(3):
+            world_module._log_choice_once("host", reason)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"radiance-ar peer memory: host (gpu-host world): {reason}"]
+
+
+def stock_collective_job(world):
+    from radiance_ar import backends
+
+    return backends.get("stock")(world).collective
+
+
+def test_stock_names_its_collective(cpu_world):
+    # CPU tensors on a gloo group; a gpu-host world's shared GPU gets "gloo ... host round
+    # trip" (tests/test_host_world_gpu.py)
+    assert cpu_world(2).run(stock_collective_job) == [
+        "torch.distributed.all_reduce on the gloo group"] * 2

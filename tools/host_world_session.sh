@@ -10,7 +10,7 @@ out=${1:?usage: tools/host_world_session.sh OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
-timeout "${TEST_TIMEOUT_S:-140}" python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short \
+timeout "${TEST_TIMEOUT_S:-150}" python3 -m pytest -v -m gpu -p no:cacheprovider --tb=short \
     -o faulthandler_timeout=60 --durations=25 tests/test_host_world_gpu.py > "$out/pytest.log" 2>&1
 tests_rc=$?
 tests_s=$SECONDS
