@@ -51,13 +51,12 @@ class World:
     #: tensor_model_parallel_all_reduce (its custom AR / QuickReduce / NCCL). ``stock``
     #: calls it, so it also serves a world without a process group.
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    #: why this world's peer memory was chosen (``from_process_group``; empty elsewhere)
+    memory_reason: str = ""
 
     @property
     def kind(self) -> str:
         return self.memory.kind
-
-    #: why this world's peer memory was chosen (``from_process_group``; empty elsewhere)
-    memory_reason: str = ""
 
     @property
     def emulated(self) -> bool:
