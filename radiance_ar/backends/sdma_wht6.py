@@ -31,8 +31,8 @@ row i encodes output row i only, so a shard is a payload of its own)::
                | done_r = t | decode(G) -> out
 
 G, the gathered payload, is ``red_r`` itself where it is this rank's memory (gpu-symm,
-CPU worlds) and its device stage where buffers are host memory (gpu-emulated, gpu-host): every shard sits at its own
-rows there, in ``red`` as in G, so ONE decode of all rows ends the call (3 + 1 codec
+CPU worlds) and its device stage where buffers are host memory (gpu-emulated, gpu-host):
+every shard sits at its own rows there, in ``red`` as in G, so ONE decode of all rows ends the call (3 + 1 codec
 launches whatever W; decoding shard by shard would take 3 + W, and in the op each
 launch is host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
 take this rank's pulls. Rank r decodes its own re-encoded shard too, so out =
