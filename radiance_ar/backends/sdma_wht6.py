@@ -32,9 +32,9 @@ row i encodes output row i only, so a shard is a payload of its own)::
 
 G, the gathered payload, is ``red_r`` itself where it is this rank's memory (gpu-symm,
 CPU worlds) and its device stage where buffers are host memory (gpu-emulated, gpu-host):
-every shard sits at its own rows there, in ``red`` as in G, so ONE decode of all rows ends the call (3 + 1 codec
-launches whatever W; decoding shard by shard would take 3 + W, and in the op each
-launch is host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
+every shard sits at its own rows there, in ``red`` as in G, so ONE decode of all rows ends
+the call (3 + 1 codec launches whatever W; decoding shard by shard would take 3 + W, and in
+the op each launch is host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
 take this rank's pulls. Rank r decodes its own re-encoded shard too, so out =
 decode(encode(sum)) holds the same bits on every rank. ``red`` is written after the
 call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence orders
