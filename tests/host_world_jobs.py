@@ -37,7 +37,7 @@ def probe_job(world: World) -> dict:
                                                       for n in backends.names()}}
 
 
-def _settings(backend: str, min_m: int, slices: int, graphs: str,
+def _settings(backend: str, min_m: int, slices: int | str, graphs: str,
               timeout_ms: float = 1000.0) -> OverlapSettings:
     return OverlapSettings(True, backend, min_m, slices,
                            BackendSettings(spin_timeout_ms=timeout_ms), graphs=graphs)
@@ -94,7 +94,9 @@ def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: in
     ``warm`` calls; the memory of the process, the GPU and the peer memory before and
     after, and the last output, whose activation is seed ``calls``'s (the others seed
     0's), so a replay that wrote nothing new would show."""
-    rt = overlap.build(world, _settings(backend, min(rows, 64), 4, "auto"))
+    # the backend's own slice count: oneshot_wht6 unsliced, whose spinning kernels of
+    # processes sharing one GPU wait for each other's time slices
+    rt = overlap.build(world, _settings(backend, min(rows, 64), "auto", "auto"))
     x0, w = (t.to(world.device) for t in layer_inputs(0, world.rank, rows, cols, k))
     xs = [(x0, w), (layer_inputs(calls, world.rank, rows, cols, k)[0].to(world.device), w)]
 
