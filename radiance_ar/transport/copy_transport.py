@@ -38,8 +38,8 @@ and flags in pinned host memory: a rank writes what it publishes into a private 
 ``stage``, the publish is a D2H copy and pulls are H2D copies, so every cross-rank byte
 crosses the host link), ``gpu-host`` (a process per rank, buffers and flags in shared
 host memory registered with each rank's runtime: staged, published and pulled as in
-gpu-emulated, with no publish lane). Emulated ranks are driven from one host thread, so a rank's
-stream may block on a flag that a LATER host call of a peer posts, and any implicit
+gpu-emulated, with no publish lane). Emulated ranks are driven from one host thread, so a
+rank's stream may block on a flag that a LATER host call of a peer posts, and any implicit
 device synchronization in between (a first kernel load, a cudaFree) deadlocks: a
 backend loads its kernels in ``ensure_capacity``, which runs on every rank first.
 
@@ -80,8 +80,8 @@ class CopyTransport:
     """One rank's copy-engine transport (see the module doc).
 
     ``owner`` names the backend in messages; ``reduced``: allocate the second
-    peer-visible buffer ``red`` (two-shot); ``stage_reduced``: where buffers are host memory also
-    give ``red`` a device stage (a backend that computes the reduced bytes into device
+    peer-visible buffer ``red`` (two-shot); ``stage_reduced``: where buffers are host memory
+    also give ``red`` a device stage (a backend that computes the reduced bytes into device
     memory before publishing them; ``sdma`` publishes its reduced shard from ``out``);
     ``call_streams``: 1 or 2 streams the calls entered through :meth:`on_call_stream` run
     on (:mod:`radiance_ar.transport.call_streams`).
@@ -97,8 +97,9 @@ class CopyTransport:
         self.staged = world.host_buffers
         self.reduced, self.stage_reduced = reduced and size > 1, stage_reduced
         self.engine = CopyEngine(world.device) if size > 1 else None
-        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D); only
-        #: there, where one process drives every rank (module doc of publish_lane)
+        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D). Not
+        #: in gpu-host yet: there a publish runs on its call's stream, before its pulls;
+        #: whether a lane pays off with a process per rank is not measured
         self.lane = PublishLane(world.device) if self.emulated and size > 1 else None
         self.signals: Signals | None = None
         if size > 1:
