@@ -30,7 +30,7 @@ tar czf "$out/compare.tar.gz" -C /tmp compare_host 2>/dev/null
     grep -A4 -E "^ *backend " "$out/compare.log" | head -12  # the compare table
     printf "%-34s %-6s %s\n" "step" "rc" "result"
     printf "%-34s %-6s %s\n" "tests/test_host_world_gpu.py" "$tests_rc" \
-        "$(grep -E '[0-9]+ (passed|failed|error)' "$out/pytest.log" | tail -1) (${tests_s}s)"
+        "$(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$out/pytest.log" | tail -1) (${tests_s}s)"
     printf "%-34s %-6s %s\n" "torchrun compare_backends (W=2)" "$compare_rc" \
         "$(grep -cE '^WRONG' "$out/compare.log") wrong rows ($((SECONDS - tests_s))s)"
 } | tee "$out/summary.log"
