@@ -1,10 +1,9 @@
-"""The gpu-host world on one GPU: W = 2 and 4 real processes (a gloo group), every one on
-cuda:0, peer buffers and flags in job-private shared host memory registered with each
-process's CUDA runtime. Every backend through the op against float64, the same bits on
+"""The gpu-host world: W = 2 and 4 real processes (a gloo group), rank r on GPU r modulo
+the GPUs visible (one GPU: every rank on cuda:0), peer buffers and flags in job-private
+shared host memory registered with each process's CUDA runtime. Every backend through the op against float64, the same bits on
 every rank; the call contract across processes (late peer, M mismatch, skipped call,
 killed peer: every surviving rank raises within the bound, nothing left behind); 1000
-calls with memory flat. On a box with one GPU per rank the same jobs run one GPU each
-(``device`` per rank is the pool's; here all share cuda:0)."""
+calls with memory flat."""
 
 import os
 
@@ -17,7 +16,7 @@ import world_jobs
 from radiance_ar.harness.cpu_world import CpuWorldPool
 
 pytestmark = pytest.mark.gpu
-DEVICE = "cuda:0"
+DEVICE = "cuda"  # CpuWorldPool: a GPU per rank where there are enough, else shared
 SERVED = ["stock", "sdma", "sdma_wht6", "oneshot_wht6"]
 WAITING = world_jobs.waiting_backends()
 COLLECTIVE_ERRORS = {"PeerTimeoutError", "CollectiveMismatchError", "PeerAbortedError",

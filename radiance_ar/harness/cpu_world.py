@@ -1,7 +1,8 @@
 """A world of W real processes on this machine (a gloo group), started once, reused many times.
 
 CPU ranks (gloo + shared memory: cpu-shm) by default; with ``device="cuda:0"`` every rank
-drives that GPU from its own process, its peer memory chosen by ``peer_memory``
+drives that GPU from its own process (``"cuda"``: rank r drives GPU r modulo the GPUs
+visible), its peer memory chosen by ``peer_memory``
 (:func:`radiance_ar.transport.world.from_process_group`: ``host`` gives the gpu-host world,
 the only one whose ranks may share a GPU). Starting a process costs seconds here, so tests
 and tools start one pool and send it many jobs::
@@ -44,6 +45,8 @@ def _worker(rank: int, size: int, init_file: str, jobs, results, collective_time
     torch.set_num_threads(threads)
     dev = torch.device(device)
     if dev.type == "cuda":
+        if dev.index is None:  # "cuda": a GPU per rank where there are enough, else shared
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=size, timeout=timedelta(seconds=collective_timeout_s))
@@ -65,7 +68,7 @@ class CpuWorldPool:
 
     def __init__(self, size: int, collective_timeout_s: float = 60.0, device: str = "cpu",
                  peer_memory: str | None = None):
-        """``device``: every rank's device (``cpu``, or one GPU all ranks share);
+        """``device``: every rank's device (``cpu``, one GPU all ranks share, or ``cuda``);
         ``peer_memory``: the GPU ranks' (``from_process_group``; None: the environment's)."""
         if size < 1:
             raise ValueError(f"CpuWorldPool: size must be >= 1, got {size}")
