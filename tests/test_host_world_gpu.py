@@ -1,9 +1,9 @@
 """The gpu-host world: W = 2 and 4 real processes (a gloo group), rank r on GPU r modulo
 the GPUs visible (one GPU: every rank on cuda:0), peer buffers and flags in job-private
-shared host memory registered with each process's CUDA runtime. Every backend through the op against float64, the same bits on
-every rank; the call contract across processes (late peer, M mismatch, skipped call,
-killed peer: every surviving rank raises within the bound, nothing left behind); 1000
-calls with memory flat."""
+shared host memory registered with each process's CUDA runtime. Every backend through
+the op against float64, the same bits on every rank; the call contract across processes
+(late peer, M mismatch, skipped call, killed peer: every surviving rank raises within the
+bound, nothing left behind); 1000 calls with memory flat."""
 
 import os
 
