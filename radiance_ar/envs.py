@@ -166,6 +166,9 @@ ACCURACY_CLASSES = ("exact", "quantized")
 AUTO_BACKEND = "auto"
 #: the transfer schedules of the copy-engine backends (radiance_ar/backends/sdma.py, sdma_wht6.py)
 SDMA_SCHEDULES = ("auto", "oneshot", "twoshot")
+#: RADIANCE_AR_PEER_MEMORY: where GPU ranks in processes keep their peer buffers
+#: (radiance_ar/transport/world.py, choose_peer_memory), the first the default
+PEER_MEMORIES = ("auto", "symm", "host")
 
 
 #: Every knob. The op's first, then the backend knobs in the order of BackendSettings'
@@ -215,6 +218,16 @@ KNOBS: dict[str, Knob] = {
              "captured op calls kept per process (least recently used dropped first): one "
              "per layer and M, since a graph holds its layer's weight by address",
              lo=1, hi=MAX_OP_GRAPHS),
+        Knob("RADIANCE_AR_PEER_MEMORY", str, PEER_MEMORIES[0],
+             "where GPU ranks in processes keep their peer buffers and flags "
+             "(`radiance_ar/transport/world.py`): `symm` (symmetric memory, one GPU per "
+             "process, peer-to-peer), `host` (the gpu-host world: job-private shared host "
+             "memory registered with each rank's runtime, DMA over each GPU's own link, no "
+             "peer-to-peer; ranks may share a GPU; one host), `auto`: `symm` where every rank "
+             "has a GPU of its own and every pair of them access each other as peers (or the "
+             "ranks span hosts), else `host`; the choice and its reason logged once by rank "
+             "0. CPU ranks always share memory files (cpu-shm)",
+             words=PEER_MEMORIES),
         Knob("RADIANCE_AR_SPIN_TIMEOUT_MS", float, 1000.0,
              "longest wait, in ms, for a peer's flag before a call reports the peer missing "
              "(no hung GPU: an unbounded spin can wedge an RDNA compute queue)",
@@ -332,6 +345,16 @@ def torchrun_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
         return int(raw)
     except ValueError:
         raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer (set by torchrun)") from None
+
+
+def torchrun_local_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """``LOCAL_WORLD_SIZE`` (ranks on this host) as torchrun sets it; 1 when not set."""
+    env = os.environ if environ is None else environ
+    raw = env.get("LOCAL_WORLD_SIZE", "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"LOCAL_WORLD_SIZE={raw!r}: expected an integer (set by torchrun)") from None
 
 
 def torchrun_rank(environ: Mapping[str, str] | None = None) -> int:

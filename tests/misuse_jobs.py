@@ -1,13 +1,17 @@
-"""Misuse scenarios run on every rank of a CPU world (module-level for the pool's pickling).
+"""Misuse scenarios run on every rank of a world of processes (module-level for the pool's
+pickling): CPU worlds, and GPU ranks in processes (gpu-host: tests/test_host_world_gpu.py).
 
 Each job drives the op (``overlap.forward``) the way a broken caller would and records,
 per rank and per call, either the error it raised or how far its result is from the
 float64 reference. The tests then assert that no call returned a wrong result and that
-every affected rank raised; after ``resync()`` a good call must be right again.
+every affected rank raised; after ``resync()`` a good call must be right again. On a GPU
+a call's error may surface at ``check()`` (the host-side bound), which every call here
+makes before it counts as done.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -41,11 +45,16 @@ def _call(rt: overlap.OverlapRuntime, world: World, rows: int, k: int, seed: int
           peers_rows: int | None = None) -> dict:
     """One op call; {"error": type, "message": ...} or {"rel": error vs the reference}.
     ``peers_rows``: the rows every OTHER rank uses (None: the same), for the reference."""
-    x, w = shard(seed, world.rank, rows, N, k)
+    x, w = (t.to(world.device) for t in shard(seed, world.rank, rows, N, k))
+    start = time.monotonic()
     try:
         out = overlap.forward(rt, x, w, None, "bf16")
+        if world.device.type == "cuda":
+            rt.backend.check()  # the bound: a GPU call's error surfaces here
+            out = out.cpu()
     except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
-        return {"error": type(e).__name__, "message": str(e)}
+        return {"error": type(e).__name__, "message": str(e),
+                "seconds": time.monotonic() - start}
     if peers_rows is not None and peers_rows != rows:
         return {"rel": float("inf")}  # a result where the ranks disagree is wrong by definition
     ref = reference(seed, world.size, rows, N, k)
@@ -151,4 +160,18 @@ def failed_growth_job(world: World, backend: str) -> dict:
     dist.barrier(group=world.group)
     res["after"] = _call(rt, world, 64, 32, seed=11)
     rt.close()
+    return res
+
+
+def killed_peer_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """After a good call, the last rank's process is killed outright (``os._exit``, no
+    clean-up of any kind) and every other rank makes the next call: each must raise
+    within the bound. Returns the job's memory directory (gpu-host, cpu-shm) so the test
+    can check that nothing is left once the pool is closed."""
+    rt = _runtime(world, backend, timeout_ms)
+    dist.barrier(group=world.group)
+    if world.rank == world.size - 1:
+        os._exit(9)
+    res = {"calls": [_call(rt, world, 64, 32, seed=12)],
+           "dir": getattr(world.memory, "_dir", None)}
     return res

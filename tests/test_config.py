@@ -26,6 +26,7 @@ BAD_VALUES = {
     # a path is parsed, then loaded: a file that is missing or not a tuning file stops start-up
     "RADIANCE_AR_TUNING": ["/nonexistent/tuning.json", os.devnull],
     "RADIANCE_AR_ACCURACY": ["", "Exact", "fast", "auto"],
+    "RADIANCE_AR_PEER_MEMORY": ["", "Host", "p2p", "shm", "symmetric"],
 }
 
 
@@ -215,6 +216,7 @@ PADDED = {
     "RADIANCE_AR_OP_GRAPHS_MAX": [(" 8\n", 8)],
     "RADIANCE_AR_TUNING": [(" /some/tuning.json\n", "/some/tuning.json"), (" ", "")],
     "RADIANCE_AR_ACCURACY": [(" quantized ", "quantized")],
+    "RADIANCE_AR_PEER_MEMORY": [(" host\n", "host"), ("symm ", "symm")],
 }
 
 

@@ -22,6 +22,9 @@ from radiance_ar import backends
 DEFAULTS = {
     "gpu-emulated": (("oneshot_wht6", 1), "the spin-wait AR this project replaces, unsliced: "
                                           "emulated ranks have no vendor collective"),
+    "gpu-host": (("oneshot_wht6", 1), "the spin-wait AR this project replaces, unsliced: "
+                                      "timed on one active rank like the others, where "
+                                      "stock (gloo, when ranks share a GPU) needs every rank"),
     "cpu-shm": (("stock", 1), "the vendor collective, unsliced"),
     "gpu-symm": (("stock", 1), "the vendor collective, unsliced"),
 }

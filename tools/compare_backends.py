@@ -3,7 +3,9 @@
 
 The project's main job (docs/design.md, 'Measurement'). Where it runs decides the world:
 
-  torchrun --nproc-per-node W tools/compare_backends.py   one GPU per rank (the real thing)
+  torchrun --nproc-per-node W tools/compare_backends.py   one GPU per rank (the real thing);
+                                                           more ranks than GPUs: ranks share
+                                                           GPUs (gloo group, gpu-host world)
   python tools/compare_backends.py                         one GPU: W emulated ranks over PCIe
                                                            no GPU: W CPU processes (gloo + shm)
 
@@ -41,7 +43,7 @@ import gpu_timing  # noqa: E402
 import producer_inputs  # noqa: E402
 import report  # noqa: E402
 import timeline  # noqa: E402
-from world_measure import Case, measure  # noqa: E402
+from world_measure import Case, measure, measure_one_active  # noqa: E402
 
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 
@@ -137,12 +139,20 @@ def _ready(world) -> bool:
     return True
 
 
-def run_case(world, case: Case) -> dict:
+def run_case(world, case: Case, one_active: bool = False) -> dict:
+    """``one_active``: ranks share a GPU; a backend with a passive-peer mode is timed on
+    rank 0 alone against passive peers (``measure_one_active``), others with every rank
+    active (``stock``: the group's collective needs every rank)."""
     reason = gate_reason(case.backend, world)
     if reason is not None:
         return {"backend": case.backend, "M": case.rows, "slices": case.slices,
                 "correct": None, "skipped": reason}
-    return measure(world, case)
+    if one_active and hasattr(backends.get(case.backend), "fill_passive_peers"):
+        return measure_one_active(world, case)
+    record = measure(world, case)
+    if one_active:
+        record["timing"] = "every rank active, time-slicing the GPU"
+    return record
 
 
 def print_header(hdr: dict) -> None:
@@ -150,6 +160,9 @@ def print_header(hdr: dict) -> None:
     print(f"# device {hdr['device']}, W={hdr['W']}, torch {hdr['torch']}, cuda {hdr['cuda']}, "
           f"hip {hdr['hip']}, {hdr['date']}")
     print(f"# command: {hdr['command']}")
+    for key in ("peer_memory_reason", "timing_note"):
+        if hdr.get(key):
+            print(f"# {key.replace('_', ' ')}: {hdr[key]}")
     if hdr.get("calls_per_sample", 1) > 1:
         print(f"# timing: medians of samples, each the per-call device time of "
               f"{hdr['calls_per_sample']} calls behind a first (device events)", flush=True)
@@ -157,8 +170,8 @@ def print_header(hdr: dict) -> None:
 
 def baseline_of(hdr: dict) -> str:
     """What the speedup is relative to, in a few words, for plot labels."""
-    return ("GEMM then its own unsliced AR" if hdr["world"] == "gpu-emulated"
-            else "stock (GEMM then AR)")
+    one_active = hdr["world"] == "gpu-emulated" or "timing_note" in hdr  # ranks share a GPU
+    return "GEMM then its own unsliced AR" if one_active else "stock (GEMM then AR)"
 
 
 def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
@@ -241,17 +254,37 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
 
     from radiance_ar.transport.world import from_process_group
 
-    local = envs.torchrun_local_rank()
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    world = from_process_group(device=torch.device("cuda", local))
-    hdr = header(world.kind, world.label, world.size, torch.cuda.get_device_name(local))
+    device, shared = torchrun_device()
+    torch.cuda.set_device(device)
+    if shared:  # NCCL refuses two ranks on one GPU; the host collective serves them
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=device)
+    world = from_process_group(device=device)
+    hdr = header(world.kind, world.label, world.size, torch.cuda.get_device_name(device))
+    hdr["peer_memory_reason"] = world.memory_reason
+    if shared:
+        hdr["timing_note"] = (f"{envs.torchrun_local_world_size()} ranks share "
+                              f"{torch.cuda.device_count()} GPU(s): verified with every rank "
+                              "active; timed on rank 0 alone against passive peers (peer "
+                              "buffers and flags pre-filled in the shared host memory), as in "
+                              "the emulated world; stock (the group's collective) with every "
+                              "rank active, time-slicing the GPU (each record's 'timing')")
     if world.rank == 0:
         print_header(hdr)
         run_probe(args, hdr)
-    records = [run_case(world, case) for case in cases(args, "gpu", world.kind)]
+    records = [run_case(world, case, one_active=shared)
+               for case in cases(args, "gpu", world.kind)]
     dist.destroy_process_group()
     return (hdr, records) if world.rank == 0 else None
+
+
+def torchrun_device() -> tuple[torch.device, bool]:
+    """This torchrun rank's GPU (local rank modulo the GPUs visible) and whether ranks
+    share GPUs (more ranks on this host than GPUs)."""
+    gpus = torch.cuda.device_count()
+    device = torch.device("cuda", envs.torchrun_local_rank() % gpus)
+    return device, envs.torchrun_local_world_size() > gpus
 
 
 def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:
@@ -317,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torchrun or args.mode == "emulated" or (args.mode == "auto" and torch.cuda.is_available())
     if gpu and not torch.cuda.is_available():
         raise SystemExit("--mode emulated needs a CUDA/ROCm GPU; none is visible")
-    device = (torch.device("cuda", envs.torchrun_local_rank() or 0) if torchrun
+    device = (torchrun_device()[0] if torchrun
               else torch.device("cuda", torch.cuda.current_device()) if gpu
               else torch.device("cpu"))
     problem = producer_inputs.unsupported_reason(args.producer, device)

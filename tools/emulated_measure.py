@@ -87,14 +87,39 @@ def measure_emulated(case: Case, size: int, device: torch.device, op_only: bool 
     if not record["correct"]:
         return record
     world = emulated_worlds(size, device)[0]
+    rt, serial_rt = active_runtimes(world, case, op_only)
+    try:
+        time_active_rank(record, case, rt, serial_rt)
+    finally:
+        rt.close()
+        if serial_rt is not None:
+            serial_rt.close()
+    return record
+
+
+def active_runtimes(world, case: Case, op_only: bool = False
+                    ) -> tuple[overlap.OverlapRuntime, overlap.OverlapRuntime | None]:
+    """The op's runtime of ``case`` and its serial baseline's (the same backend, one slice;
+    None for ``op_only``) for ``world`` (collective where the world's memory is)."""
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
                                               plan=case.plan))
     # op_only: no serial arm, so no second runtime to grow and fill
     serial_rt = None if op_only else overlap.build(world, OverlapSettings(True, case.backend,
                                                                           1, 1, knobs))
-    backend = rt.backend
-    ops = producer_inputs.operands(case.producer, *shard(case, 0, device))
+    return rt, serial_rt
+
+
+def time_active_rank(record: dict, case: Case, rt: overlap.OverlapRuntime,
+                     serial_rt: overlap.OverlapRuntime | None) -> None:
+    """Phase 2 (module doc) on the rank of ``rt``'s world: its peers made passive, every
+    timing of ``case`` into ``record`` (``serial_rt`` None: the op alone, ``t_ovl_ms``).
+    The world's peers must make no call meanwhile (emulated: they are not driven;
+    processes: they wait at a barrier)."""
+    op_only = serial_rt is None
+    world, backend = rt.world, rt.backend
+    size, device = world.size, world.device
+    ops = producer_inputs.operands(case.producer, *shard(case, world.rank, device))
     xs = [ops.x] + [ops.x.clone() for _ in range(gpu_timing.copies_for(ops.x) - 1)]
     y = torch.empty(case.rows, case.cols, dtype=torch.bfloat16, device=device)
     for r in [rt] + ([] if op_only else [serial_rt]):
@@ -108,8 +133,7 @@ def measure_emulated(case: Case, size: int, device: torch.device, op_only: bool 
         med, spread, host = gpu_timing.device_and_host_ms(op, case.reps, case.warmup)
         record.update(t_ovl_ms=med, t_ovl_spread_ms=spread, t_ovl_host_ms=host,
                       op_graphs=rt.graph_reason() or "replayed")
-        rt.close()
-        return record
+        return
     ar_in = input_view(backend, case.rows, case.cols, y.dtype, lambda: torch.randn_like(y))
     ar_out = torch.empty_like(y)
 
@@ -131,7 +155,8 @@ def measure_emulated(case: Case, size: int, device: torch.device, op_only: bool 
     record.update(gpu_timing.contention_record(gpu_timing.contention_times(
         gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
-    # A fresh world: the probe's pinned buffers go with it, not with the backends' group.
+    # The raw link: H2D copies from pinned host memory of this process (a fresh emulated
+    # world, its buffers not the backends'), the copies a pull of host-memory peers makes.
     gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"],
                         len(bounds) - 1, case.reps, case.warmup)
     record.update(metrics.derived(times, bounds, record["wire_bytes"], gbs))
@@ -143,6 +168,3 @@ def measure_emulated(case: Case, size: int, device: torch.device, op_only: bool 
     record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting
     # what the timed op calls were: replayed graphs, or why each step was enqueued
     record["op_graphs"] = rt.graph_reason() or "replayed"
-    rt.close()
-    serial_rt.close()
-    return record

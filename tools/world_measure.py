@@ -153,8 +153,9 @@ def slice_schedule(backend, case: Case, slices: int, dtype: torch.dtype) -> str 
     return backend.call_schedule(rows, case.cols, dtype)
 
 
-def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
-             stock: overlap.OverlapRuntime) -> dict:
+def verify(world: World, case: Case, rt: overlap.OverlapRuntime) -> tuple:
+    """Collective: one op call of ``case`` on every rank against the float64 reference
+    and the other ranks' bits. Returns (the record so far, x, w, the operands, the output)."""
     x, w = shard(case, world.rank, world.device)
     ops = producer_inputs.operands(case.producer, x, w)
     partial = producer_inputs.reference(ops)
@@ -175,8 +176,43 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     }
     record["schedule"] = slice_schedule(backend, case, record["slices"], out.dtype)
     record["correct"] = bool(rel <= backend.rel_rms_bound and record["identical_on_ranks"])
+    return record, x, w, ops, out
+
+
+def measure_one_active(world: World, case: Case) -> dict:
+    """Collective, for ranks in processes that share one GPU (gpu-host): verify with every
+    rank active, then time rank 0 alone against passive peers (its peers' buffers and
+    flags are shared host memory it fills; they wait at a barrier meanwhile), as the
+    emulated world times (tools/emulated_measure.py): ranks that time-slice one GPU would
+    otherwise time each other. A record (rank 0's timings; every rank's errors and digests)."""
+    from emulated_measure import active_runtimes, time_active_rank
+
+    rt, serial_rt = active_runtimes(world, case)
+    try:
+        # Every buffer sized and kernel loaded on every rank now: these are collective,
+        # and rank 0 will time alone.
+        for r in (rt, serial_rt):
+            r.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
+        record = verify(world, case, rt)[0]
+        record.update(baseline="GEMM then this backend's unsliced AR",
+                      timing="one active rank against passive peers")
+        if record["correct"]:
+            world.memory.barrier()
+            if world.rank == 0:
+                time_active_rank(record, case, rt, serial_rt)
+            world.memory.barrier()
+        return record
+    finally:
+        rt.close()
+        serial_rt.close()
+
+
+def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
+             stock: overlap.OverlapRuntime) -> dict:
+    record, x, w, ops, out = verify(world, case, rt)
     if not record["correct"]:
         return record  # a wrong backend is reported as wrong, not timed
+    backend = rt.backend
 
     y = torch.empty_like(out)
     ar_out = torch.empty_like(out)

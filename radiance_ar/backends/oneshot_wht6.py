@@ -13,7 +13,7 @@ multiple of the codec's 256-value block: anything else is refused with a ValueEr
 before any flag moves, so the next call works (the kernel could zero-pad, but a padded
 row would silently send up to 4x the bytes; the codec backends refuse alike).
 
-GPU (``gpu-symm``, ``gpu-emulated``): ONE Triton kernel per call does all of it
+GPU (``gpu-symm``, ``gpu-emulated``, ``gpu-host``): ONE Triton kernel per call does all of it
 (:mod:`radiance_ar.backends.kernels.oneshot_wht6`), its CTAs spinning on per-CTA flags whose
 epoch counter lives on the device, so a CUDA-graph replay never sees stale flags
 (``capture_safe``). It holds its CTAs (``settings.oneshot_ctas``) while it waits:
@@ -24,9 +24,10 @@ has fired: no host sync on the hot path) raises :class:`PeerTimeoutError` from t
 After such an error the ranks are out of step: every rank calls :meth:`resync`.
 CPU (``cpu-shm``): the same protocol with the reference codec, shared-memory flags and
 a bounded host spin (:class:`radiance_ar.transport.signals.CpuSignals`, slot ``ready``).
-Emulated world: payloads and flags in pinned host memory, so every cross-rank byte
-crosses PCIe while the kernel holds its CTAs; the own payload is read back from a
-device copy, as it would be on a real box.
+Emulated and gpu-host worlds: payloads and flags in pinned (gpu-host: registered shared)
+host memory, passed to the kernel by address (:func:`radiance_ar.launch.pointers.kernel_pointer`),
+so every cross-rank byte crosses the host link while the kernel holds its CTAs; the own
+payload is read back from a device copy, as it would be on a real box.
 
 Buffers. ``pub``: two payload regions (the epoch's parity picks one; why two suffice:
 kernel module doc). Flags: one int64 word per CTA (GPU) or the CpuSignals words (CPU).
@@ -97,7 +98,7 @@ class OneshotWht6Backend(Backend):
         self.capacity = 0  # bytes of one payload region
         self._cols = 0  # columns of the last ensure_capacity (passive fill)
         self._pub = None
-        self._own: torch.Tensor | None = None  # emulated: device copy of my payload
+        self._own: torch.Tensor | None = None  # host buffers: device copy of my payload
         self._args: tuple = ()  # kernel pointer arguments, rebuilt when buffers change
         self._warm: set = set()
         #: payload bytes this rank read from its peers, cumulative (tests compare wire_bytes)
@@ -280,7 +281,7 @@ class OneshotWht6Backend(Backend):
         self._args = ()
         self.capacity = 0  # until the growth below succeeds: a failed one leaves none
         self._pub = self.world.memory.allocate("oneshot_wht6.pub", 2 * nbytes)
-        if self.gpu and self.world.emulated:
+        if self.gpu and self.world.host_buffers:
             self._own = torch.empty(nbytes, dtype=torch.uint8, device=self.world.device)
         self.capacity = nbytes
         if self.gpu:

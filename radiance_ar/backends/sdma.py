@@ -173,7 +173,7 @@ class SdmaBackend(TransportBackend):
         inside = slice_in.device == base.device and 0 <= off and off + nbytes <= tr.capacity
         if inside and off % slice_in.element_size():
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
-        return (off, tr.emulated) if inside else (0, True)  # emulated: the D2H publish
+        return (off, tr.staged) if inside else (0, True)  # host buffers: the D2H publish
 
     def _publish(self, t: int, off: int, staged: bool, addr: int, nbytes: int,
                  stream: int) -> None:
@@ -201,7 +201,7 @@ class SdmaBackend(TransportBackend):
             self.signals.post("reduced", t, stream)
         else:
             self._reduce(operands, out_addr + lo * e, hi - lo, out.dtype, stream)
-            # host copy / emulated D2H publish (peers' shards land in out, disjoint)
+            # host copy / D2H publish into host memory (peers' shards land in out, disjoint)
             tr.publish(t, "reduced", off + lo * e, out_addr + lo * e, (hi - lo) * e, stream)
         for p in tr.peers:
             a, b = bounds[p], bounds[p + 1]

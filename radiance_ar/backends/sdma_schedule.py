@@ -68,6 +68,13 @@ COMPUTE_UNITS = {
     ("gpu-emulated", "hip"): (True, (
         "not verified on ROCm: H2D/D2H should take SDMA (ROCm CLR code) unless "
         "HSA_ENABLE_SDMA=0; run radiance_ar.diagnostics.cu_free_check on the machine")),
+    ("gpu-host", "cuda"): (False, (
+        "the operations of gpu-emulated (cuStreamWaitValue32; D2H/H2D copies with host memory "
+        "pinned by cudaHostRegister, on copy engines), measured CU-free there; not measured "
+        "in this world itself")),
+    ("gpu-host", "hip"): (True, (
+        "not verified on ROCm: H2D/D2H with hipHostRegister'd memory should take SDMA unless "
+        "HSA_ENABLE_SDMA=0; run radiance_ar.diagnostics.cu_free_check on the machine")),
     ("gpu-symm", "cuda"): (True, (
         "not verified: pulls are cudaMemcpyAsync on symmetric-memory mappings; a same-device "
         "D2D cudaMemcpyAsync did NOT progress with every SM held on an H200, and P2P copies "

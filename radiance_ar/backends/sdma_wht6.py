@@ -16,7 +16,7 @@ Schedules (``settings.sdma_schedule``, from ``RADIANCE_AR_SDMA_SCHEDULE``; ``aut
 
 One-shot, rank r, epoch t: every peer's whole payload::
 
-    stream r : fence | encode(slice) -> pub_r (emulated: -> stage, D2H -> pub_r on the lane)
+    stream r : fence | encode(slice) -> pub_r (host buffers: -> stage, D2H -> pub_r)
                | ready_r = t | for p: wait ready_p == t, pull pub_p -> recv_p
                | done_r = t | decode_accumulate(pub_r, recv_p.. in rank order) -> out
 
@@ -26,15 +26,15 @@ row i encodes output row i only, so a shard is a payload of its own)::
     stream r : fence | encode(slice) -> pub_r | ready_r = t          (as one-shot)
                | for p: wait ready_p == t, pull shard r of pub_p -> recv_p
                | decode_accumulate(shard r of pub_r, recv_p.. in rank order) -> out[shard r]
-               | encode(out[shard r]) -> G[shard r] | (emulated: D2H -> red_r on the lane)
+               | encode(out[shard r]) -> G[shard r] | (host buffers: D2H -> red_r)
                | reduced_r = t | for p: wait reduced_p == t, pull shard p of red_p -> G[shard p]
                | done_r = t | decode(G) -> out
 
 G, the gathered payload, is ``red_r`` itself where it is this rank's memory (gpu-symm,
-CPU worlds) and its device stage in the emulated world: every shard sits at its own
-rows there, in ``red`` as in G, so ONE decode of all rows ends the call (3 + 1 codec
-launches whatever W; decoding shard by shard would take 3 + W, and in the op each
-launch is host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
+CPU worlds) and its device stage where buffers are host memory (gpu-emulated, gpu-host):
+every shard sits at its own rows there, in ``red`` as in G, so ONE decode of all rows ends
+the call (3 + 1 codec launches whatever W; decoding shard by shard would take 3 + W, and in
+the op each launch is host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
 take this rank's pulls. Rank r decodes its own re-encoded shard too, so out =
 decode(encode(sum)) holds the same bits on every rank. ``red`` is written after the
 call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence orders
@@ -91,7 +91,7 @@ class SdmaWht6Backend(TransportBackend):
     quantized = True  # wht6 payloads (6.25 bits/value)
     rel_rms_bound = TWOSHOT_REL_RMS_BOUND  # the larger; each instance sets its schedule's
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
-    stage_reduced = True  # emulated: the re-encoded shard is written to device memory first
+    stage_reduced = True  # host buffers: the re-encoded shard is written to device memory first
     world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
     # W = 3 was not measured: unsliced
     preferred_slices = 1
@@ -222,12 +222,12 @@ class SdmaWht6Backend(TransportBackend):
         """Encode ``slice_in`` into this rank's payload (fenced) and publish it as call
         ``t``'s ``ready``; returns the local payload."""
         tr = self.transport
-        if not tr.emulated:  # the encode below writes the peer-visible buffer itself
+        if not tr.staged:  # the encode below writes the peer-visible buffer itself
             tr.fence(0, nbytes, stream)
         encoded = tr.source("pub")[:nbytes].view(shape)
         with traced(tr.trace, stream, "encode"):
             wht6.encode(slice_in, out=encoded)
-        if tr.emulated:  # the D2H publish, fenced, on the publish lane
+        if tr.staged:  # the D2H publish, fenced (on the publish lane where there is one)
             tr.publish(t, "ready", 0, encoded.data_ptr(), nbytes, stream, fence=(0, nbytes))
         else:
             self.signals.post("ready", t, stream)
@@ -256,7 +256,7 @@ class SdmaWht6Backend(TransportBackend):
         if hi > lo:
             with traced(tr.trace, stream, "encode reduced"):
                 wht6.encode(out[lo:hi], out=gathered[lo:hi])
-        tr.publish(t, "reduced", lo * rb if tr.emulated else None,
+        tr.publish(t, "reduced", lo * rb if tr.staged else None,
                    gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.
         gathered_addr = gathered.data_ptr()

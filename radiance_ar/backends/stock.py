@@ -6,6 +6,11 @@ It calls the world's own vendor collective where the world carries one
 RCCL); elsewhere ``torch.distributed.all_reduce`` on the world's group: NCCL on NVIDIA,
 RCCL through torch's "nccl" backend on ROCm, gloo on CPU. With ``stock`` selected the overlap op does
 not slice (``pipelined = False``): GEMM, then one all-reduce.
+
+In a gpu-host world whose ranks share one GPU the group is gloo: NCCL refuses two ranks
+on one device, so the collective is gloo's, a host round trip (the GPU tensor is copied
+to host memory, summed by the CPUs over sockets, copied back). :attr:`StockBackend.collective`
+says which collective a backend calls.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ class StockBackend(Backend):
     rel_rms_bound = 2.0 ** -6
     pipelined = False
 
+    @property
+    def collective(self) -> str:
+        """The collective this backend calls, in words (tools print it beside the world)."""
+        return collective_of(self.world)
+
     @classmethod
     def unsupported_reason(cls, world: World) -> str | None:
         if world.group is None and world.all_reduce is None and world.size > 1:
@@ -50,3 +60,16 @@ class StockBackend(Backend):
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
         # Ring all-reduce: reduce-scatter then all-gather, each moving (W-1)/W of the data.
         return 2 * (world_size - 1) * numel * elem_size // world_size
+
+
+def collective_of(world: World) -> str:
+    """Which collective ``stock`` calls in ``world``, in words (module doc)."""
+    if world.size == 1:
+        return "none (one rank: a copy)"
+    if world.all_reduce is not None:
+        return "the world's vendor all-reduce (world.all_reduce)"
+    backend = dist.get_backend(world.group)
+    if backend == "gloo" and world.device.type == "cuda":
+        return ("gloo all_reduce: a host round trip (GPU -> host, summed over sockets, -> GPU); "
+                "ranks sharing one GPU cannot use NCCL")
+    return f"torch.distributed.all_reduce on the {backend} group"

@@ -1,7 +1,11 @@
-"""A world of W real CPU processes (gloo + shared memory), started once, reused many times.
+"""A world of W real processes on this machine (a gloo group), started once, reused many times.
 
-Starting a process costs seconds here, so tests and tools start one pool and send it
-many jobs::
+CPU ranks (gloo + shared memory: cpu-shm) by default; with ``device="cuda:0"`` every rank
+drives that GPU from its own process (``"cuda"``: rank r drives GPU r modulo the GPUs
+visible), its peer memory chosen by ``peer_memory``
+(:func:`radiance_ar.transport.world.from_process_group`: ``host`` gives the gpu-host world,
+the only one whose ranks may share a GPU). Starting a process costs seconds here, so tests
+and tools start one pool and send it many jobs::
 
     with CpuWorldPool(4) as pool:
         results = pool.run(my_job, 8192)   # my_job(world, 8192) on every rank
@@ -33,15 +37,20 @@ class WorldError(RuntimeError):
 
 
 def _worker(rank: int, size: int, init_file: str, jobs, results, collective_timeout_s: float,
-            threads: int) -> None:
+            threads: int, device: str, peer_memory: str | None) -> None:
     import torch.distributed as dist
 
     from radiance_ar.transport.world import from_process_group
 
     torch.set_num_threads(threads)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if dev.index is None:  # "cuda": a GPU per rank where there are enough, else shared
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=size, timeout=timedelta(seconds=collective_timeout_s))
-    world = from_process_group(device=torch.device("cpu"))
+    world = from_process_group(device=dev, peer_memory=peer_memory)
     while True:
         job = jobs.get()
         if job is None:
@@ -57,10 +66,16 @@ def _worker(rank: int, size: int, init_file: str, jobs, results, collective_time
 class CpuWorldPool:
     """W gloo processes on this machine; see the module docstring."""
 
-    def __init__(self, size: int, collective_timeout_s: float = 60.0):
+    def __init__(self, size: int, collective_timeout_s: float = 60.0, device: str = "cpu",
+                 peer_memory: str | None = None):
+        """``device``: every rank's device (``cpu``, one GPU all ranks share, or ``cuda``);
+        ``peer_memory``: the GPU ranks' (``from_process_group``; None: the environment's)."""
         if size < 1:
             raise ValueError(f"CpuWorldPool: size must be >= 1, got {size}")
-        self.size = size
+        self.size, self.device = size, device
+        # How long a rank may take to leave before it is killed: a GPU process tears down its
+        # context too, and a rank 0 killed here would leave the job's memory directory.
+        self.close_timeout_s = 5.0 if device == "cpu" else 30.0
         self._procs: list = []
         self._jobs: list = []
         # Whoever can read or write the rendezvous file can watch or disturb the world, and
@@ -81,27 +96,30 @@ class CpuWorldPool:
                 self._procs.append(ctx.Process(
                     target=_worker, daemon=True,
                     args=(r, size, self._init_file, self._jobs[r], self._results,
-                          collective_timeout_s, threads)))
+                          collective_timeout_s, threads, device, peer_memory)))
                 self._procs[-1].start()
         except BaseException:
             self.close()
             raise
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0,
-            **kwargs: Any) -> list[Any]:
-        """Run ``fn(world, *args, **kwargs)`` on every rank; results indexed by rank."""
+            dying: tuple[int, ...] = (), **kwargs: Any) -> list[Any]:
+        """Run ``fn(world, *args, **kwargs)`` on every rank; results indexed by rank.
+        ``dying``: ranks the job kills on purpose (a killed peer); their result is None,
+        the others' are awaited, and the pool is closed afterwards (the world is broken)."""
         if not self._procs:
             raise WorldError("CpuWorldPool is closed")
         for q in self._jobs:
             q.put((fn, args, kwargs))
-        out: dict[int, Any] = {}
+        out: dict[int, Any] = {r: None for r in dying}
         failures: list[str] = []
         deadline = time.monotonic() + timeout_s
         while len(out) + len(failures) < self.size:
             try:
                 rank, ok, value = self._results.get(timeout=0.2)
             except queue.Empty:
-                dead = [r for r, p in enumerate(self._procs) if p.exitcode is not None]
+                dead = [r for r, p in enumerate(self._procs)
+                        if p.exitcode is not None and r not in dying]
                 if dead:
                     codes = [self._procs[r].exitcode for r in dead]
                     self.close()
@@ -116,6 +134,8 @@ class CpuWorldPool:
                 out[rank] = value
             else:
                 failures.append(f"--- rank {rank} ---\n{value}")
+        if dying:
+            self.close()
         if failures:
             raise WorldError(f"{fn.__name__} failed on {len(failures)} rank(s):\n"
                              + "\n".join(failures))
@@ -132,7 +152,7 @@ class CpuWorldPool:
         for p in self._procs:
             if p.pid is None:  # never started (a failed start)
                 continue
-            p.join(timeout=5)
+            p.join(timeout=self.close_timeout_s)
             if p.is_alive():
                 p.kill()
                 p.join()

@@ -3,7 +3,8 @@
 - ``copy_engine``: copies and stream memory operations, per runtime (CUDA, HIP, CPU).
 - ``world``: where ranks live (rank, size, device, kind, peer memory, group), and the
   world builders (process group, emulated ranks, one rank).
-- ``peer_memory``: peer-visible buffers (symmetric memory, pinned host memory, files).
+- ``peer_memory``: peer-visible buffers (symmetric memory, pinned host memory, files);
+  ``host_peer_memory`` the gpu-host world's (shared files registered with the runtime).
 - ``signals`` / ``gpu_signals``: cross-rank flags and epochs (host spin / stream waits).
 - ``copy_transport``: one rank's publish / pull / fence steps over those pieces;
   ``call_streams`` and ``publish_lane`` the streams its calls run on; ``trace`` its

@@ -36,8 +36,10 @@ Worlds (docs/design.md, 'Worlds'): ``cpu-shm`` (host copies and spins), ``gpu-sy
 (buffers and flags in symmetric memory), ``gpu-emulated`` (W ranks on one GPU, buffers
 and flags in pinned host memory: a rank writes what it publishes into a private device
 ``stage``, the publish is a D2H copy and pulls are H2D copies, so every cross-rank byte
-crosses the host link). Emulated ranks are driven from one host thread, so a rank's
-stream may block on a flag that a LATER host call of a peer posts, and any implicit
+crosses the host link), ``gpu-host`` (a process per rank, buffers and flags in shared
+host memory registered with each rank's runtime: staged, published and pulled as in
+gpu-emulated, with no publish lane). Emulated ranks are driven from one host thread, so a
+rank's stream may block on a flag that a LATER host call of a peer posts, and any implicit
 device synchronization in between (a first kernel load, a cudaFree) deadlocks: a
 backend loads its kernels in ``ensure_capacity``, which runs on every rank first.
 
@@ -78,8 +80,8 @@ class CopyTransport:
     """One rank's copy-engine transport (see the module doc).
 
     ``owner`` names the backend in messages; ``reduced``: allocate the second
-    peer-visible buffer ``red`` (two-shot); ``stage_reduced``: in the emulated world also
-    give ``red`` a device stage (a backend that computes the reduced bytes into device
+    peer-visible buffer ``red`` (two-shot); ``stage_reduced``: where buffers are host memory
+    also give ``red`` a device stage (a backend that computes the reduced bytes into device
     memory before publishing them; ``sdma`` publishes its reduced shard from ``out``);
     ``call_streams``: 1 or 2 streams the calls entered through :meth:`on_call_stream` run
     on (:mod:`radiance_ar.transport.call_streams`).
@@ -89,10 +91,15 @@ class CopyTransport:
                  stage_reduced: bool = False, call_streams: int = 1):
         self.world, self.owner = world, owner
         size = world.size
-        self.emulated = world.kind == "gpu-emulated"
+        self.emulated = world.emulated
+        #: buffers in host memory: publishes copy a device stage into them (D2H), pulls
+        #: copy out of them (H2D); gpu-emulated and gpu-host
+        self.staged = world.host_buffers
         self.reduced, self.stage_reduced = reduced and size > 1, stage_reduced
         self.engine = CopyEngine(world.device) if size > 1 else None
-        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D)
+        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D). Not
+        #: in gpu-host yet: there a publish runs on its call's stream, before its pulls;
+        #: whether a lane pays off with a process per rank is not measured
         self.lane = PublishLane(world.device) if self.emulated and size > 1 else None
         self.signals: Signals | None = None
         if size > 1:
@@ -108,7 +115,7 @@ class CopyTransport:
         self.capacity = 0  # bytes of one buffer
         self.pub: PeerBuffer | None = None
         self.red: PeerBuffer | None = None
-        self._stage: dict[str, torch.Tensor] = {}  # emulated: device stages of pub / red
+        self._stage: dict[str, torch.Tensor] = {}  # staged: device stages of pub / red
         self._recv: torch.Tensor | None = None  # W-1 private receive buffers
         #: (buffer, peer) -> (address of the peer's buffer, route of a pull from it):
         #: a call's pulls are address arithmetic, no tensor view per step (host time)
@@ -148,7 +155,7 @@ class CopyTransport:
         self.pub = mem.allocate("sdma.pub", grown)
         if self.reduced:
             self.red = mem.allocate("sdma.red", grown)
-        if self.emulated:
+        if self.staged:
             self._stage["pub"] = torch.empty(grown, dtype=torch.uint8, device=dev)
             if self.red is not None and self.stage_reduced:
                 self._stage["red"] = torch.empty(grown, dtype=torch.uint8, device=dev)
@@ -212,8 +219,8 @@ class CopyTransport:
 
     def source(self, buffer: str = "pub") -> torch.Tensor:
         """Where this rank writes the bytes it publishes in ``buffer`` (``"pub"`` or
-        ``"red"``): its local bytes, or in the emulated world its device stage (the
-        publish then copies the stage into the buffer, D2H)."""
+        ``"red"``): its local bytes, or where the buffers are host memory its device
+        stage (the publish then copies the stage into the buffer, D2H)."""
         stage = self._stage.get(buffer)
         if stage is not None:
             return stage

@@ -135,3 +135,22 @@ def cuda_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
     for lo in range(0, len(ops), BATCH_MAX_OPS):
         chunk = cuda_batch_params(ops[lo:lo + BATCH_MAX_OPS])
         _cuda_ok(api.batch(stream, len(chunk), chunk, 0), f"cuStreamBatchMemOp({len(chunk)} ops)")
+
+
+#: cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): every context
+#: of the process sees the pages as pinned, at a device address (UVA: the host address)
+CUDA_HOST_REGISTER_FLAGS = 0x01 | 0x02
+
+
+def cuda_host_register(host_ptr: int, nbytes: int) -> None:
+    """``cudaHostRegister`` (portable, mapped): pin ``nbytes`` at ``host_ptr`` (a mapping of
+    this process) for copy engines, kernels and stream memory operations."""
+    _, runtime = _cuda()
+    _cuda_ok(runtime.cudaHostRegister(host_ptr, nbytes, CUDA_HOST_REGISTER_FLAGS),
+             f"cudaHostRegister({nbytes} B)")
+
+
+def cuda_host_unregister(host_ptr: int) -> None:
+    """``cudaHostUnregister``: unpin what :func:`cuda_host_register` pinned at ``host_ptr``."""
+    _, runtime = _cuda()
+    _cuda_ok(runtime.cudaHostUnregister(host_ptr), "cudaHostUnregister")

@@ -97,3 +97,27 @@ def hip_capture_reason(hip_version: str | None) -> str:
     return (f"ROCm {major}.{minor}: captured op calls are not built for ROCm yet (inside a "
             "graph peer copies must be hipMemcpyAsync: hipMemcpyPeerAsync has no capture "
             "hook); every step is enqueued")
+
+
+#: hipHostRegisterPortable | hipHostRegisterMapped (hip_runtime_api.h)
+HIP_HOST_REGISTER_FLAGS = 0x01 | 0x02
+
+
+def hip_host_register(host_ptr: int, nbytes: int) -> None:
+    """``hipHostRegister`` (portable, mapped): pin ``nbytes`` at ``host_ptr``."""
+    hip = _hip()
+    _hip_ok(f"hipHostRegister({nbytes} B)", hip.hipHostRegister, host_ptr, nbytes,
+            HIP_HOST_REGISTER_FLAGS)
+
+
+def hip_host_unregister(host_ptr: int) -> None:
+    """``hipHostUnregister``: unpin what :func:`hip_host_register` pinned at ``host_ptr``."""
+    hip = _hip()
+    _hip_ok("hipHostUnregister", hip.hipHostUnregister, host_ptr)
+
+
+def hip_device_pointer(host_ptr: int) -> int:
+    """The device address of registered host memory (``hipHostGetDevicePointer``)."""
+    hip = _hip()
+    (dev_ptr,) = _hip_ok("hipHostGetDevicePointer", hip.hipHostGetDevicePointer, host_ptr, 0)
+    return int(dev_ptr)

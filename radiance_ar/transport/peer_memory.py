@@ -172,7 +172,7 @@ class SharedFileMemory(PeerMemory):
                 mine = path
                 try:
                     os.ftruncate(fd, nbytes)  # a new file: its bytes read as zero
-                    local = _map(fd, nbytes)
+                    local = self._tensor(_map(fd, nbytes))
                 finally:
                     os.close(fd)
             except Exception as e:  # noqa: BLE001 -- every rank must hear of it
@@ -182,7 +182,7 @@ class SharedFileMemory(PeerMemory):
             try:
                 for r, file_name in enumerate(names):
                     peers.append(local if r == self.rank
-                                 else _map_peer(self._dir, file_name, nbytes))
+                                 else self._tensor(_map_peer(self._dir, file_name, nbytes)))
             except Exception as e:  # noqa: BLE001
                 error = e
             self._agree(None, error)  # past this, every rank has mapped every file
@@ -192,6 +192,11 @@ class SharedFileMemory(PeerMemory):
             if mine is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(mine)
+
+    def _tensor(self, mapping: mmap.mmap) -> torch.Tensor:
+        """uint8 [len] over a shared ``mapping`` (the tensor keeps the mapping alive).
+        A world whose buffers the GPU reaches registers the mapping here (gpu-host)."""
+        return torch.frombuffer(mapping, dtype=torch.uint8)
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
@@ -224,10 +229,9 @@ def _create_exclusive(path: str) -> int:
     return fd
 
 
-def _map(fd: int, nbytes: int) -> torch.Tensor:
-    """uint8 [nbytes] over a shared mapping of ``fd`` (the tensor keeps the mapping alive)."""
-    return torch.frombuffer(mmap.mmap(fd, nbytes, mmap.MAP_SHARED,
-                                      mmap.PROT_READ | mmap.PROT_WRITE), dtype=torch.uint8)
+def _map(fd: int, nbytes: int) -> mmap.mmap:
+    """A shared read-write mapping of ``nbytes`` of ``fd`` (unmapped when collected)."""
+    return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def _check_private_dir(path: str) -> None:
@@ -244,7 +248,7 @@ def _check_private_dir(path: str) -> None:
             f"{uid} with mode 0700, found {_describe(st)}")
 
 
-def _map_peer(directory: str, file_name: str, nbytes: int) -> torch.Tensor:
+def _map_peer(directory: str, file_name: str, nbytes: int) -> mmap.mmap:
     """Map a peer's file of ``directory``, refusing any file this job did not create."""
     if not isinstance(file_name, str) or not _FILE_NAME.fullmatch(file_name):
         # A name is joined to our directory: no separators, no "..", nothing to escape it.

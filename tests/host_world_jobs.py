@@ -1,0 +1,125 @@
+"""Jobs for the gpu-host world, run on every rank (one process each, all on one GPU) of a
+``CpuWorldPool(W, device="cuda:0", peer_memory="host")`` (module-level: pickled by name).
+
+Inputs are ``world_jobs.shard`` (seeded by seed and rank), so the tests rebuild every
+rank's inputs and the float64 reference on their own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radiance_ar import backends, overlap
+from radiance_ar.envs import BackendSettings
+from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.transport.copy_engine import CopyEngine
+from radiance_ar.transport.world import World
+from world_jobs import shard
+
+
+
+def probe_job(world: World) -> dict:
+    """What this rank's world is, and whether a buffer of it is registered host memory
+    that this rank's GPU writes with a copy and its peers read."""
+    buf = world.memory.allocate("probe", 4096)
+    engine = CopyEngine(world.device)
+    mine = torch.full((4096,), world.rank + 1, dtype=torch.uint8, device=world.device)
+    engine.copy(buf.local, mine, torch.cuda.current_stream().cuda_stream)  # D2H, copy engine
+    torch.cuda.synchronize()
+    world.memory.barrier()
+    seen = [int(buf.peer(p)[0]) for p in range(world.size)]
+    whole = [bool((buf.peer(p) == p + 1).all()) for p in range(world.size)]
+    return {"kind": world.kind, "label": world.label, "reason": world.memory_reason,
+            "pinned": [buf.peer(p).is_pinned() for p in range(world.size)],
+            "device_address_is_host": [engine.device_address(buf.peer(p)) == buf.peer(p).data_ptr()
+                                       for p in range(world.size)],
+            "seen": seen, "whole": whole, "served": {n: backends.get(n).unsupported_reason(world)
+                                                      for n in backends.names()}}
+
+
+def _settings(backend: str, min_m: int, slices: int | str, graphs: str,
+              timeout_ms: float = 1000.0) -> OverlapSettings:
+    return OverlapSettings(True, backend, min_m, slices,
+                           BackendSettings(spin_timeout_ms=timeout_ms), graphs=graphs)
+
+
+def layer_inputs(seed: int, rank: int, rows: int, cols: int, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rank``'s activation of ``seed`` and its weight of the layer of width ``k`` (one
+    weight per K whatever the seed: the op captures a layer's calls by its weight)."""
+    return shard(seed, rank, rows, cols, k)[0], shard(1000 + k, rank, 1, cols, k)[1]
+
+
+def layer_reference(seed: int, size: int, rows: int, cols: int, k: int) -> torch.Tensor:
+    """float64 sum over ranks of :func:`layer_inputs`' products."""
+    total = torch.zeros(rows, cols, dtype=torch.float64)
+    for r in range(size):
+        x, w = layer_inputs(seed, r, rows, cols, k)
+        total += x.double() @ w.double().t()
+    return total
+
+
+def op_job(world: World, backend: str, graphs: str, calls: list, cols: int, min_m: int,
+           slices: int) -> dict:
+    """One runtime; for each (rows, k, seed) of ``calls`` one op call of the layer of
+    width k (checked, then moved to the CPU). Also what the runtime did: graphs captured
+    and replayed, the collective it calls."""
+    rt = overlap.build(world, _settings(backend, min_m, slices, graphs))
+    weights: dict[int, torch.Tensor] = {}
+    outs = []
+    for rows, k, seed in calls:
+        x, w = layer_inputs(seed, world.rank, rows, cols, k)
+        w = weights.setdefault(k, w.to(world.device))  # the layer's weight stays put
+        out = overlap.forward(rt, x.to(world.device), w, None, "bf16")
+        rt.backend.check()
+        outs.append(out.cpu())
+    graph_cache = rt._graphs
+    res = {"outs": outs, "bound": rt.backend.rel_rms_bound,
+           "captures": graph_cache.captures if graph_cache is not None else 0,
+           "replays": graph_cache.replays if graph_cache is not None else 0,
+           "collective": getattr(rt.backend, "collective", None),
+           "compute_units": rt.backend.uses_compute_units_while_waiting}
+    rt.close()
+    return res
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: int,
+             warm: int) -> dict:
+    """``calls`` op calls of one layer (one weight, the default graph setting) after
+    ``warm`` calls; the memory of the process, the GPU and the peer memory before and
+    after, and the last output, whose activation is seed ``calls``'s (the others seed
+    0's), so a replay that wrote nothing new would show."""
+    # the backend's own slice count: oneshot_wht6 unsliced, whose spinning kernels of
+    # processes sharing one GPU wait for each other's time slices
+    rt = overlap.build(world, _settings(backend, min(rows, 64), "auto", "auto"))
+    x0, w = (t.to(world.device) for t in layer_inputs(0, world.rank, rows, cols, k))
+    xs = [(x0, w), (layer_inputs(calls, world.rank, rows, cols, k)[0].to(world.device), w)]
+
+    def snapshot() -> dict:
+        torch.cuda.synchronize()
+        return {"gpu_allocated": torch.cuda.memory_allocated(),
+                "gpu_reserved": torch.cuda.memory_reserved(),
+                "resident": _resident_bytes(),
+                "peer_allocations": world.memory.allocations,
+                "peer_bytes": world.memory.allocated_bytes}
+
+    for _ in range(warm):  # as below: the previous output lives until the next is made
+        out = overlap.forward(rt, *xs[0], None, "bf16")
+    rt.backend.check()
+    before = snapshot()
+    for i in range(calls):
+        out = overlap.forward(rt, *xs[1 if i == calls - 1 else 0], None, "bf16")
+        if i % 50 == 49:
+            rt.backend.check()  # bounded: a stuck peer shows within the bound, not at the end
+    rt.backend.check()
+    after = snapshot()
+    graph_cache = rt._graphs
+    res = {"before": before, "after": after, "out": out.cpu(), "bound": rt.backend.rel_rms_bound,
+           "replays": graph_cache.replays if graph_cache is not None else 0}
+    rt.close()
+    return res
