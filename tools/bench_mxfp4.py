@@ -8,7 +8,11 @@ the kernel alone on already quantized operands, median of CUDA-event times after
 warm-up, the activation rotated over copies that exceed the L2 (tools/gpu_timing.py).
 The same is measured for ``torch._scaled_mm`` fp8 rowwise (e4m3 both sides, per-token
 and per-channel scales) and bf16 ``torch.mm``, and for the producer's ``prepare``
-(per-token quantization; the op runs it once per call). The table (TFLOP/s = 2MNK / t)
+(per-token quantization; the op runs it once per call), the one-pass quantize kernel
+(same bits as the torch reference, checked) and the fp8 route (the weight widened to e4m3,
+then ``torch._scaled_mm`` rowwise; :mod:`radiance_ar.overlap.mxfp4_fp8_plan`) beside the
+Triton route. ``--sweep`` times both routes over the prefill bench's o_proj and down_proj
+shapes at M = 256 .. 16384 (the fp8 route's row threshold). The table (TFLOP/s = 2MNK / t)
 is how the offline table ``CONFIGS`` is tuned: put a measured winner there and cite
 the run.
 
@@ -19,6 +23,7 @@ the wgmma pipeline (warning C7515).
 
     python tools/bench_mxfp4.py                                  # GPU
     python tools/bench_mxfp4.py --config 256,128,64,8,1,1,8,3,bf16 --json out.json
+    python tools/bench_mxfp4.py --sweep --reps 20 --json sweep.json
     python tools/bench_mxfp4.py --compile-only --arch 90        # no GPU needed
 """
 
@@ -38,6 +43,8 @@ import gpu_timing
 import metrics
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap import producers
+from radiance_ar.overlap import mxfp4_fp8_plan as fp8_plan
+from radiance_ar.overlap.kernels import fp8_per_token, mxfp4_widen_fp8
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
 from radiance_ar.overlap.scratch import ScratchPool
 
@@ -125,10 +132,98 @@ def bench(args: argparse.Namespace, candidates) -> list[dict]:
     xbs = [x] + [x.clone() for _ in range(copies - 1)]
     ms = timed(lambda i: torch.mm(xbs[i % copies], w.t(), out=out), args.reps, args.warmup)
     rows.append({"kernel": "torch.mm bf16", "ms": ms, "tflops": tflops(m, n, k, ms)})
+    q8 = torch.empty_like(xq)
+    qs = torch.empty_like(xs)
+    fp8_per_token.quantize(x, out=q8, scale=qs)
+    same = torch.equal(q8.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(qs, xs)
+    ms = timed(lambda i: fp8_per_token.quantize(xbs[i % copies], out=q8, scale=qs),
+               args.reps, args.warmup)
+    rows.append({"kernel": "quantize x: one-pass kernel", "ms": ms, "same_bits": same,
+                 "gb_per_s": 3 * m * k / (ms * 1e-3) / 1e9})
+    ms = timed(lambda i: mx.quantize_activation(xbs[i % copies], out=q8), args.reps, args.warmup)
+    rows.append({"kernel": "quantize x: torch reference", "ms": ms})
+    rows += route_rows(args, m, n, k, x, w, packed, scales, copies)
     prod, scratch = producers.get(mx.NAME), ScratchPool()
     ms = timed(lambda i: prod.prepare(xbs[i % copies], packed, scales, scratch),
                args.reps, args.warmup)
-    rows.append({"kernel": "producer prepare (quantize x)", "ms": ms})
+    rows.append({"kernel": "producer prepare (quantize x, widen w on the fp8 route)", "ms": ms})
+    return rows
+
+
+def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
+    """The fp8 route (widen + torch._scaled_mm rowwise) and the Triton route (the table's
+    config), each on already quantized x, checked on its first rows, then timed."""
+    plan = fp8_plan.make_plan(packed, scales)
+    if plan.misfits:
+        return [{"kernel": f"fp8 route: {plan.misfits} channels do not fit", "error": "misfit"}]
+    xq, xs = fp8_per_token.quantize(x)
+    ref = mx.reference(xq[:CHECK_ROWS], xs[:CHECK_ROWS], packed, scales)
+    xqs = [xq] + [xq.clone() for _ in range(copies - 1)]
+    w8 = torch.empty(n, k, dtype=FP8, device="cuda")
+    out = torch.empty(m, n, dtype=BF16, device="cuda")
+
+    def fp8_route(i: int) -> None:
+        mxfp4_widen_fp8.widen(packed, scales, plan.channel_exp, out=w8)
+        torch._scaled_mm(xqs[i % copies], w8.t(), scale_a=xs[:, None],
+                         scale_b=plan.channel_scale, out_dtype=BF16, out=out)
+
+    fp8_route(0)
+    rows = []
+    err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
+    ms = timed(fp8_route, args.reps, args.warmup)
+    rows.append({"kernel": "fp8 route: widen w + _scaled_mm rowwise", "ms": ms,
+                 "tflops": tflops(m, n, k, ms), "rel_rms_err": err})
+    ms = timed(lambda i: mxfp4_widen_fp8.widen(packed, scales, plan.channel_exp, out=w8),
+               args.reps, args.warmup)
+    rows.append({"kernel": "fp8 route: widen w alone", "ms": ms,
+                 "gb_per_s": (n * k * 1.5 + n * k / 32) / (ms * 1e-3) / 1e9})
+    xin = xq.to(kernel.activation_dtype(xq.device))
+    xins = [xin] + [xin.clone() for _ in range(copies - 1)]
+    kernel.mxfp4_w4a8_gemm(xin[:CHECK_ROWS], xs[:CHECK_ROWS], packed, scales,
+                           out=out[:CHECK_ROWS])
+    err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
+    ms = timed(lambda i: kernel.mxfp4_w4a8_gemm(xins[i % copies], xs, packed, scales, out=out),
+               args.reps, args.warmup)
+    rows.append({"kernel": f"triton route: table config ({kernel.row_class(m)})", "ms": ms,
+                 "tflops": tflops(m, n, k, ms), "rel_rms_err": err})
+    return rows
+
+
+#: (model, layer, N, K) of one rank: o_proj and down_proj of the prefill bench's models
+#: (tools/model_shapes.py) at their tensor-parallel degree
+SWEEP_SHAPES = [("llama-3.1-8b tp2", "o_proj", 4096, 2048),
+                ("llama-3.1-8b tp2", "down_proj", 4096, 7168),
+                ("llama-3.1-70b tp4", "o_proj", 8192, 2048),
+                ("llama-3.1-70b tp4", "down_proj", 8192, 7168),
+                ("qwen3-32b tp4", "o_proj", 5120, 2048),
+                ("qwen3-32b tp4", "down_proj", 5120, 6400)]
+SWEEP_ROWS = (256, 1024, 2048, 4096, 8192, 16384)
+
+
+def sweep(args: argparse.Namespace) -> list[dict]:
+    """Both routes and torch's fp8 rowwise GEMM at every sweep shape and M."""
+    rows = []
+    for model, layer, n, k in SWEEP_SHAPES:
+        g = torch.Generator().manual_seed(0)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(BF16).cuda()
+        packed, scales = mx.quantize_weight(w)
+        w8 = (w.float() / (w.float().abs().amax(1, keepdim=True) / 448)).to(FP8)
+        w8_scale = (w.float().abs().amax(1) / 448).reshape(1, -1)
+        for m in SWEEP_ROWS:
+            x = torch.randn(m, k, generator=g).to(BF16).cuda()
+            copies = gpu_timing.copies_for(x)
+            xq, xs = fp8_per_token.quantize(x)
+            x8s = [xq] + [xq.clone() for _ in range(copies - 1)]
+            out = torch.empty(m, n, dtype=BF16, device="cuda")
+            ms = timed(lambda i: torch._scaled_mm(x8s[i % copies], w8.t(), scale_a=xs[:, None],
+                                                  scale_b=w8_scale, out_dtype=BF16, out=out),
+                       args.reps, args.warmup)
+            base = {"model": model, "layer": layer, "m": m, "n": n, "k": k}
+            rows.append(dict(base, kernel="torch._scaled_mm fp8 rowwise", ms=ms,
+                             tflops=tflops(m, n, k, ms)))
+            for r in route_rows(args, m, n, k, x, w, packed, scales, copies):
+                rows.append(dict(base, **r))
+            del x8s
     return rows
 
 
@@ -188,7 +283,8 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    keys = [k for k in ("ms", "tflops", "rel_rms_err", "shared_bytes", "registers",
+    keys = [k for k in ("m", "n", "k", "ms", "tflops", "gb_per_s", "rel_rms_err", "same_bits",
+                        "shared_bytes", "registers",
                         "spill_bytes", "wgmma_serialized") if any(k in r for r in rows)]
     width = max(len(r["kernel"]) for r in rows)
     print(f"{'kernel':<{width}}  " + "  ".join(f"{k:>16}" for k in keys))
@@ -215,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-only", action="store_true",
                    help="compile for --arch with the installed Triton; no GPU needed")
     p.add_argument("--arch", default="90", help="--compile-only target: 90, 100 or gfx950")
+    p.add_argument("--sweep", action="store_true",
+                   help="instead: both routes and fp8 rowwise at the o_proj/down_proj shapes "
+                        "of the prefill bench's models, M = 256 .. 16384")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     if min(args.m, args.n, args.k, args.reps) < 1 or args.k % kernel.MX_GROUP:
@@ -227,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_only:
         print(f"# mxfp4_w4a8 configs compiled for {args.arch}, Triton {triton.__version__}")
         rows = compile_only(args, candidates)
+    elif args.sweep:
+        print(f"# mxfp4_w4a8 routes over the prefill shapes on {torch.cuda.get_device_name()}, "
+              f"Triton {triton.__version__}, median of {args.reps} after {args.warmup}", flush=True)
+        rows = sweep(args)
     else:
         print(f"# mxfp4_w4a8 GEMM {args.m} x {args.n} x {args.k} on "
               f"{torch.cuda.get_device_name()}, Triton {triton.__version__}, "
@@ -236,7 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"m": args.m, "n": args.n, "k": args.k, "rows": rows}, f, indent=1)
-    return 0
+    failed = [r["kernel"] for r in rows if r.get("same_bits") is False
+              or (r["kernel"].startswith(("fp8 route", "triton route"))
+                  and not r.get("rel_rms_err", 0.0) <= ERROR_BOUND)]
+    if failed:
+        print(f"FAILED: {', '.join(failed)} (different bits from the reference quantizer, or a "
+              f"route's error above {ERROR_BOUND:.3g})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -21,16 +21,23 @@ saturating at +-6. :func:`dequantize_weight` and :func:`reference` are the float
 definition the kernel (:mod:`radiance_ar.overlap.kernels.mxfp4_w4a8`) is checked against.
 
 The producer quantizes x per token in ``prepare`` (once per call, row-independent, so
-slicing stays exact) and launches the Triton kernel per row slice on the given stream.
-Triton is imported at the first launch: importing this module needs torch only.
+slicing stays exact) and launches per row slice on the given stream one of two routes:
+the GPU's fp8 GEMM on the weight widened exactly to e4m3 (Hopper, prefill-sized calls,
+weights whose block scales fit: :mod:`radiance_ar.overlap.mxfp4_fp8_plan`), or the Triton
+kernel on the packed weight. Triton is imported at the first launch: importing this
+module needs torch only.
 """
 
 from __future__ import annotations
 
 import torch
 
+from radiance_ar import envs
+from radiance_ar.overlap import mxfp4_fp8_plan as fp8_plan
 from radiance_ar.overlap import producers
+from radiance_ar.overlap.kernels import fp8_per_token
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
+from radiance_ar.overlap.kernels import mxfp4_widen_fp8 as widen_fp8
 from radiance_ar.overlap.producers import FP8, FP8_MAX, Prepared
 from radiance_ar.overlap.scratch import ScratchPool
 
@@ -141,26 +148,55 @@ def check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | No
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
             scratch: ScratchPool) -> Prepared:
-    """Per-token fp8 quantization of x into a persistent buffer, on the caller's stream
-    (widened to bf16 where the device's kernel configs read bf16, see
-    :func:`radiance_ar.overlap.kernels.mxfp4_w4a8.activation_dtype`); the scales are a per-call
-    tensor (the pipeline orders the caller's stream after every side-stream read before
-    it returns)."""
+    """Per-token fp8 quantization of x into a persistent buffer, on the caller's stream, by
+    one kernel (:mod:`radiance_ar.overlap.kernels.fp8_per_token`, the bits of
+    :func:`quantize_activation`), then the route's weight:
+
+    - fp8 route (:mod:`radiance_ar.overlap.mxfp4_fp8_plan`, where available and the weight
+      fits): the weight widened to e4m3 into a persistent buffer, with 2^c per channel as
+      its rowwise scale;
+    - Triton route: the packed weight as is, the activation stored as the device's kernel
+      configs read it (:func:`radiance_ar.overlap.kernels.mxfp4_w4a8.activation_dtype`).
+
+    The scales are per-call tensors (the pipeline orders the caller's stream after every
+    side-stream read before it returns)."""
     check(x, weight, weight_scale)
-    xq = scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device)
-    xq, x_scale = quantize_activation(x, out=xq)
+    assert weight_scale is not None  # check() refused None
+    if fp8_plan.available(x.device, x.dtype, x.shape[0], weight.shape[0]):
+        plan = fp8_plan.cached_plan(weight, weight_scale)
+        if not plan.misfits:
+            xq, x_scale = _quantize(x, scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device))
+            w8 = scratch.get("mxfp4_w8", (weight.shape[0], x.shape[1]), FP8, x.device)
+            widen_fp8.widen(weight, weight_scale, plan.channel_exp, out=w8)
+            return Prepared(xq, w8, x_scale, plan.channel_scale)
     storage = kernel.activation_dtype(x.device)
-    if storage != FP8:  # the same values, widened for this GPU's kernel configs
-        widened = scratch.get("mxfp4_xq_wide", tuple(x.shape), storage, x.device)
-        xq = widened.copy_(xq)
+    xq, x_scale = _quantize(x, scratch.get("mxfp4_xq", tuple(x.shape), storage, x.device))
     return Prepared(xq, weight, x_scale, weight_scale)
 
 
+def _quantize(x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-pass kernel where kernels run; elsewhere (a CPU without the interpreter,
+    where no route can launch) the reference, the same bits, into an fp8 ``out``."""
+    if x.is_cuda or envs.triton_interpreter():
+        return fp8_per_token.quantize(x, out=out)
+    return quantize_activation(x, out=out)
+
+
 def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
-    """Rows ``a:b`` of the product into the view ``out`` on ``stream`` (a raw handle)."""
+    """Rows ``a:b`` of the product into the view ``out`` on ``stream`` (a raw handle): the
+    route is the prepared weight's format (fp8: widened, else packed codes). The fp8 GEMM
+    is torch's, launched on the current stream, which the pipeline makes ``stream``."""
+    if p.weight.dtype == FP8:
+        torch._scaled_mm(p.x[a:b], p.weight.t(), scale_a=p.x_scale[a:b].unsqueeze(1),
+                         scale_b=p.weight_scale, out_dtype=out.dtype, out=out)
+        return
     kernel.mxfp4_w4a8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, out=out,
                            stream=stream)
 
 
+#: interior slices start on multiples of 16 rows: the fp8 route's rowwise GEMM needs its
+#: slice of the fp32 per-token scales 16-byte aligned (as the fp8_rowwise producer's)
+SLICE_ROW_ALIGN = producers.ScaledMMRowwise.slice_row_align
 producers.register_external(NAME, launch, prepare=prepare, needs_weight_scale=True,
-                            values_per_weight_element=2, check=check)
+                            values_per_weight_element=2, check=check,
+                            slice_row_align=SLICE_ROW_ALIGN)
