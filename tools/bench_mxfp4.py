@@ -10,8 +10,8 @@ The same is measured for ``torch._scaled_mm`` fp8 rowwise (e4m3 both sides, per-
 and per-channel scales) and bf16 ``torch.mm``, and for the producer's ``prepare``
 (per-token quantization; the op runs it once per call), the one-pass quantize kernel
 (same bits as the torch reference, checked) and the fp8 route (the weight widened to e4m3,
-then ``torch._scaled_mm`` rowwise; :mod:`radiance_ar.overlap.mxfp4_fp8_plan`) beside the
-Triton route. ``--sweep`` times both routes over the prefill bench's o_proj and down_proj
+then ``torch._scaled_mm`` rowwise; :mod:`radiance_ar.overlap.mxfp4_routes`) beside the
+Triton routes (fp8 and bf16 MMA). ``--sweep`` times both routes over the prefill bench's o_proj and down_proj
 shapes at M = 256 .. 16384 (the fp8 route's row threshold). The table (TFLOP/s = 2MNK / t)
 is how the offline table ``CONFIGS`` is tuned: put a measured winner there and cite
 the run.
@@ -43,8 +43,9 @@ import gpu_timing
 import metrics
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap import producers
-from radiance_ar.overlap import mxfp4_fp8_plan as fp8_plan
-from radiance_ar.overlap.kernels import fp8_per_token, mxfp4_widen_fp8
+from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
+from radiance_ar.overlap.kernels import mxfp4_widen_fp8
+from radiance_ar.overlap.kernels.quantize_fp8_rows import quantize_fp8_rows
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
 from radiance_ar.overlap.scratch import ScratchPool
 
@@ -134,9 +135,9 @@ def bench(args: argparse.Namespace, candidates) -> list[dict]:
     rows.append({"kernel": "torch.mm bf16", "ms": ms, "tflops": tflops(m, n, k, ms)})
     q8 = torch.empty_like(xq)
     qs = torch.empty_like(xs)
-    fp8_per_token.quantize(x, out=q8, scale=qs)
+    quantize_fp8_rows(x, out=q8, scale_out=qs)
     same = torch.equal(q8.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(qs, xs)
-    ms = timed(lambda i: fp8_per_token.quantize(xbs[i % copies], out=q8, scale=qs),
+    ms = timed(lambda i: quantize_fp8_rows(xbs[i % copies], out=q8, scale_out=qs),
                args.reps, args.warmup)
     rows.append({"kernel": "quantize x: one-pass kernel", "ms": ms, "same_bits": same,
                  "gb_per_s": 3 * m * k / (ms * 1e-3) / 1e9})
@@ -151,41 +152,45 @@ def bench(args: argparse.Namespace, candidates) -> list[dict]:
 
 
 def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
-    """The fp8 route (widen + torch._scaled_mm rowwise) and the Triton route (the table's
-    config), each on already quantized x, checked on its first rows, then timed."""
-    plan = fp8_plan.make_plan(packed, scales)
-    if plan.misfits:
-        return [{"kernel": f"fp8 route: {plan.misfits} channels do not fit", "error": "misfit"}]
-    xq, xs = fp8_per_token.quantize(x)
+    """The three routes of the producer (radiance_ar/overlap/mxfp4_routes.py) on already
+    quantized x, each checked on its first rows against float64, then timed: cublas_fp8
+    (widen + torch._scaled_mm rowwise, both timed), triton_fp8 and triton_bf16 (their
+    table configs)."""
+    plan = fp8_kernel.plan_columns(packed, scales)
+    if not plan.fits:
+        return [{"kernel": f"fp8 routes: {plan.reason}", "error": "does not fit"}]
+    xq, xs = quantize_fp8_rows(x)
     ref = mx.reference(xq[:CHECK_ROWS], xs[:CHECK_ROWS], packed, scales)
     xqs = [xq] + [xq.clone() for _ in range(copies - 1)]
     w8 = torch.empty(n, k, dtype=FP8, device="cuda")
     out = torch.empty(m, n, dtype=BF16, device="cuda")
+    col_scale = plan.col_scale.reshape(1, -1)
 
-    def fp8_route(i: int) -> None:
-        mxfp4_widen_fp8.widen(packed, scales, plan.channel_exp, out=w8)
-        torch._scaled_mm(xqs[i % copies], w8.t(), scale_a=xs[:, None],
-                         scale_b=plan.channel_scale, out_dtype=BF16, out=out)
+    def cublas_fp8(i: int) -> None:
+        mxfp4_widen_fp8.widen(packed, scales, plan.top, out=w8)
+        torch._scaled_mm(xqs[i % copies], w8.t(), scale_a=xs[:, None], scale_b=col_scale,
+                         out_dtype=BF16, out=out)
 
-    fp8_route(0)
-    rows = []
-    err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
-    ms = timed(fp8_route, args.reps, args.warmup)
-    rows.append({"kernel": "fp8 route: widen w + _scaled_mm rowwise", "ms": ms,
-                 "tflops": tflops(m, n, k, ms), "rel_rms_err": err})
-    ms = timed(lambda i: mxfp4_widen_fp8.widen(packed, scales, plan.channel_exp, out=w8),
-               args.reps, args.warmup)
-    rows.append({"kernel": "fp8 route: widen w alone", "ms": ms,
-                 "gb_per_s": (n * k * 1.5 + n * k / 32) / (ms * 1e-3) / 1e9})
     xin = xq.to(kernel.activation_dtype(xq.device))
     xins = [xin] + [xin.clone() for _ in range(copies - 1)]
-    kernel.mxfp4_w4a8_gemm(xin[:CHECK_ROWS], xs[:CHECK_ROWS], packed, scales,
-                           out=out[:CHECK_ROWS])
-    err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
-    ms = timed(lambda i: kernel.mxfp4_w4a8_gemm(xins[i % copies], xs, packed, scales, out=out),
+    arms = [("route cublas_fp8: widen w + _scaled_mm rowwise", cublas_fp8),
+            ("route triton_fp8: table config",
+             lambda i: fp8_kernel.mxfp4_fp8_gemm(xqs[i % copies], xs, packed, scales, plan,
+                                                 out=out)),
+            (f"route triton_bf16: table config ({kernel.row_class(m)})",
+             lambda i: kernel.mxfp4_w4a8_gemm(xins[i % copies], xs, packed, scales, out=out))]
+    rows = []
+    for name, fn in arms:
+        out.fill_(float("nan"))
+        fn(0)
+        err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
+        ms = timed(fn, args.reps, args.warmup)
+        rows.append({"kernel": name, "ms": ms, "tflops": tflops(m, n, k, ms),
+                     "rel_rms_err": err})
+    ms = timed(lambda i: mxfp4_widen_fp8.widen(packed, scales, plan.top, out=w8),
                args.reps, args.warmup)
-    rows.append({"kernel": f"triton route: table config ({kernel.row_class(m)})", "ms": ms,
-                 "tflops": tflops(m, n, k, ms), "rel_rms_err": err})
+    rows.append({"kernel": "route cublas_fp8: widen w alone", "ms": ms,
+                 "gb_per_s": (n * k * 1.5 + n * k / 32) / (ms * 1e-3) / 1e9})
     return rows
 
 
@@ -212,7 +217,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         for m in SWEEP_ROWS:
             x = torch.randn(m, k, generator=g).to(BF16).cuda()
             copies = gpu_timing.copies_for(x)
-            xq, xs = fp8_per_token.quantize(x)
+            xq, xs = quantize_fp8_rows(x)
             x8s = [xq] + [xq.clone() for _ in range(copies - 1)]
             out = torch.empty(m, n, dtype=BF16, device="cuda")
             ms = timed(lambda i: torch._scaled_mm(x8s[i % copies], w8.t(), scale_a=xs[:, None],
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"m": args.m, "n": args.n, "k": args.k, "rows": rows}, f, indent=1)
     failed = [r["kernel"] for r in rows if r.get("same_bits") is False
-              or (r["kernel"].startswith(("fp8 route", "triton route"))
+              or (r["kernel"].startswith("route ") and "ms" in r and "tflops" in r
                   and not r.get("rel_rms_err", 0.0) <= ERROR_BOUND)]
     if failed:
         print(f"FAILED: {', '.join(failed)} (different bits from the reference quantizer, or a "

@@ -1,20 +1,22 @@
 """MXFP4 weight widened to fp8 e4m3 with one power-of-two exponent per output channel.
 
 Math, for packed e2m1 codes wq [N, K/2], e8m0 scales ws [N, K/32] (formats:
-:mod:`radiance_ar.overlap.producer_mxfp4`) and a channel exponent c [N]::
+:mod:`radiance_ar.overlap.producer_mxfp4`) and a column plan's ``top`` [N] (the scale
+byte of each output channel widened to E = 6,
+:func:`radiance_ar.overlap.kernels.mxfp4_fp8_gemm.plan_columns`)::
 
-    out[n, k] = e4m3( e2m1(wq[n, k]) * 2^t ),   t = clamp(ws[n, k // 32] - 127 - c[n], -9, 6)
+    out[n, k] = e4m3( e2m1(wq[n, k]) * 2^E ),   E = clamp(ws[n, k // 32] - top[n], -14, 0) + 6
 
-so that w[n, k] = out[n, k] * 2^c[n] exactly wherever the block's t lies in [-8, 6]: an
-e2m1 value (1 mantissa bit, magnitudes 0.5 .. 6) times 2^t is then an e4m3 value (3
-mantissa bits; 6 * 2^6 = 384 <= 448, and 0.5 * 2^-8 = 2^-9 is e4m3's smallest
-subnormal, 1.5 * 2^-8 its 3 * 2^-9). The caller chooses c so that every block holding a
-non-zero code has t in [-8, 6] (:mod:`radiance_ar.overlap.mxfp4_fp8_plan`); the clamp
-only keeps the arithmetic of the other blocks (zero codes: zero out) finite.
+so that w[n, k] = out[n, k] * col_scale[n], col_scale = 2^(top - 127 - 6), exactly
+wherever a block's unclamped E lies in [-8, 6], which a fitting plan guarantees for
+every block holding a non-zero code (the proof: that module's doc); the clamp keeps the
+arithmetic of zero-code blocks finite. The values are those the fp8 Triton GEMM widens
+in registers; here they go to memory once per call for the GPU's own fp8 GEMM
+(:mod:`radiance_ar.overlap.mxfp4_routes`).
 
 Each value: the code becomes the fp16 bits ``(c & 7) << 9`` (sign to bit 15), which is
 e2m1(c) * 2^-14 exactly (code 1 is the fp16 subnormal 2^-15), widened to fp32, times
-2^(t + 14) (an fp32 built from its exponent bits), then cast to e4m3: every step exact.
+2^(E + 14) (an fp32 built from its exponent bits), then cast to e4m3: every step exact.
 Memory bound: half a byte and 1/32 of a scale byte in, one byte out a value.
 """
 
@@ -29,7 +31,6 @@ from radiance_ar import envs
 from radiance_ar.overlap.kernels import lazy_jit
 
 MX_GROUP = 32
-T_MIN, T_MAX = -8, 6  # block exponents (relative to the channel's) e4m3 holds exactly
 BLOCK_N, BLOCK_K = 32, 512  # 16K values a program
 
 tl: Any = None  # triton.language, bound at the first launch
@@ -39,7 +40,7 @@ _jitted: Any = None
 def _mxfp4_widen_fp8_kernel(
     w_ptr,  # *uint8 [N, K/2]: packed e2m1 codes, element 2j in the low nibble
     ws_ptr,  # *uint8 [N, K/32]: e8m0 scales
-    exp_ptr,  # *int32 [N]: channel exponents c
+    top_ptr,  # *int32 [N]: the plan's top scale byte per channel (widened to E = 6)
     out_ptr,  # *fp8e4nv [N, K]: the widened weight
     N,  # output channels
     K,  # input channels, a multiple of 32
@@ -59,12 +60,12 @@ def _mxfp4_widen_fp8_kernel(
                 mask=offs_kb[None, :] < K // 2, other=0)
     ws = tl.load(ws_ptr + load_n[:, None] * ws_row_stride + offs_kg[None, :],
                  mask=offs_kg[None, :] < K // 32, other=127)
-    c = tl.load(exp_ptr + load_n)
+    top = tl.load(top_ptr + load_n)
     lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
     hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
     small = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K).to(tl.float16, bitcast=True)
-    t = tl.minimum(tl.maximum(ws.to(tl.int32) - 127 - c[:, None], -9), 6)
-    factor = ((t + 14 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(t + 14)
+    e = tl.minimum(tl.maximum(ws.to(tl.int32) - top[:, None], -14), 0) + 6
+    factor = ((e + 14 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(E + 14)
     v = small.to(tl.float32).reshape(BLOCK_N, BLOCK_K // 32, 32) * factor[:, :, None]
     mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
     tl.store(out_ptr + offs_n.to(tl.int64)[:, None] * out_row_stride + offs_k[None, :],
@@ -78,10 +79,10 @@ def _kernel() -> Any:
     return _jitted
 
 
-def widen(w: torch.Tensor, w_scale: torch.Tensor, channel_exp: torch.Tensor,
+def widen(w: torch.Tensor, w_scale: torch.Tensor, top: torch.Tensor,
           out: torch.Tensor | None = None) -> torch.Tensor:
-    """``out`` [N, K] e4m3 with w = out * 2^channel_exp[:, None] (module doc), on the
-    current stream of w's device; allocated when not given."""
+    """``out`` [N, K] e4m3 with w = out * col_scale[:, None] for the plan whose ``top`` is
+    given (module doc), on the current stream of w's device; allocated when not given."""
     n, half_k = w.shape if w.dim() == 2 else (-1, -1)
     k = 2 * half_k
     if w.dtype != torch.uint8 or w.dim() != 2 or k % MX_GROUP or w.stride(1) != 1:
@@ -92,16 +93,15 @@ def widen(w: torch.Tensor, w_scale: torch.Tensor, channel_exp: torch.Tensor,
             or w_scale.stride(1) != 1:
         raise ValueError(f"mxfp4_widen_fp8: w_scale must be e8m0 uint8 ({n}, {k // MX_GROUP}) "
                          f"with unit column stride, got {tuple(w_scale.shape)} {w_scale.dtype}")
-    if channel_exp.dtype != torch.int32 or tuple(channel_exp.shape) != (n,) \
-            or not channel_exp.is_contiguous():
-        raise ValueError(f"mxfp4_widen_fp8: channel_exp must be contiguous int32 ({n},), got "
-                         f"{tuple(channel_exp.shape)} {channel_exp.dtype}")
+    if top.dtype != torch.int32 or tuple(top.shape) != (n,) or not top.is_contiguous():
+        raise ValueError(f"mxfp4_widen_fp8: top must be contiguous int32 ({n},) (the column "
+                         f"plan's), got {tuple(top.shape)} {top.dtype}")
     if out is None:
         out = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
     if out.dtype != torch.float8_e4m3fn or tuple(out.shape) != (n, k) or out.stride(1) != 1:
         raise ValueError(f"mxfp4_widen_fp8: out must be float8_e4m3fn ({n}, {k}) with unit "
                          f"column stride, got {tuple(out.shape)} {out.dtype}")
-    for label, t in (("w_scale", w_scale), ("channel_exp", channel_exp), ("out", out)):
+    for label, t in (("w_scale", w_scale), ("top", top), ("out", out)):
         if t.device != w.device:
             raise ValueError(f"mxfp4_widen_fp8: {label} is on {t.device}, w on {w.device}")
     if w.device.type != "cuda" and not envs.triton_interpreter():
@@ -111,6 +111,6 @@ def widen(w: torch.Tensor, w_scale: torch.Tensor, channel_exp: torch.Tensor,
         return out
     grid = (-(-n // BLOCK_N), -(-k // BLOCK_K))
     with torch.cuda.device(w.device) if w.device.type == "cuda" else contextlib.nullcontext():
-        _kernel()[grid](w, w_scale, channel_exp, out, n, k, w.stride(0), w_scale.stride(0),
+        _kernel()[grid](w, w_scale, top, out, n, k, w.stride(0), w_scale.stride(0),
                         out.stride(0), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4)
     return out
