@@ -41,12 +41,12 @@ def _mxfp4_widen_fp8_kernel(
     w_ptr,  # *uint8 [N, K/2]: packed e2m1 codes, element 2j in the low nibble
     ws_ptr,  # *uint8 [N, K/32]: e8m0 scales
     top_ptr,  # *int32 [N]: the plan's top scale byte per channel (widened to E = 6)
-    out_ptr,  # *fp8e4nv [N, K]: the widened weight
+    out_ptr,  # *int16 [N, K/2]: the widened weight, two e4m3 bytes a word
     N,  # output channels
     K,  # input channels, a multiple of 32
     w_row_stride,  # bytes between rows of the codes
     ws_row_stride,  # bytes between rows of the scales
-    out_row_stride,  # elements between rows of out
+    out_row_stride,  # 16-bit words between rows of out
     BLOCK_N: tl.constexpr,  # channels a program
     BLOCK_K: tl.constexpr,  # K values a program, a multiple of 32
 ):
@@ -55,27 +55,39 @@ def _mxfp4_widen_fp8_kernel(
     k0 = tl.program_id(1) * BLOCK_K
     offs_kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     offs_kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + load_n[:, None] * w_row_stride + offs_kb[None, :],
                 mask=offs_kb[None, :] < K // 2, other=0)
     ws = tl.load(ws_ptr + load_n[:, None] * ws_row_stride + offs_kg[None, :],
                  mask=offs_kg[None, :] < K // 32, other=127)
     top = tl.load(top_ptr + load_n)
-    lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
-    hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
-    small = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K).to(tl.float16, bitcast=True)
     e = tl.minimum(tl.maximum(ws.to(tl.int32) - top[:, None], -14), 0) + 6
     factor = ((e + 14 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(E + 14)
-    v = small.to(tl.float32).reshape(BLOCK_N, BLOCK_K // 32, 32) * factor[:, :, None]
-    mask = (offs_n[:, None] < N) & (offs_k[None, :] < K)
-    tl.store(out_ptr + offs_n.to(tl.int64)[:, None] * out_row_stride + offs_k[None, :],
-             v.reshape(BLOCK_N, BLOCK_K).to(tl.float8e4nv), mask=mask)
+    lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
+    hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
+    # A packed byte's two values leave as one 16-bit word, first value in the low byte
+    # (little-endian: memory order), so the stores are as wide as the loads.
+    lo8 = _widen_half(lo, factor, BLOCK_N, BLOCK_K)
+    hi8 = _widen_half(hi, factor, BLOCK_N, BLOCK_K)
+    pair = lo8.to(tl.int16) | (hi8.to(tl.int16) << 8)
+    mask = (offs_n[:, None] < N) & (offs_kb[None, :] < K // 2)
+    tl.store(out_ptr + offs_n.to(tl.int64)[:, None] * out_row_stride + offs_kb[None, :],
+             pair, mask=mask)
+
+
+def _widen_half(bits, factor, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp16 bits e2m1(c) * 2^-14 [BLOCK_N, BLOCK_K/2] times 2^(E + 14) per 16 of them ->
+    the e4m3 bytes (as uint8)."""
+    v = bits.to(tl.float16, bitcast=True).to(tl.float32).reshape(BLOCK_N, BLOCK_K // 32, 16)
+    v = (v * factor[:, :, None]).reshape(BLOCK_N, BLOCK_K // 2)
+    return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
 
 
 def _kernel() -> Any:
     global _jitted
     if _jitted is None:
+        global _widen_half
         _jitted = lazy_jit.jit(_mxfp4_widen_fp8_kernel, globals())
+        _widen_half = lazy_jit.jit(_widen_half, globals())
     return _jitted
 
 
@@ -98,9 +110,11 @@ def widen(w: torch.Tensor, w_scale: torch.Tensor, top: torch.Tensor,
                          f"plan's), got {tuple(top.shape)} {top.dtype}")
     if out is None:
         out = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
-    if out.dtype != torch.float8_e4m3fn or tuple(out.shape) != (n, k) or out.stride(1) != 1:
+    if out.dtype != torch.float8_e4m3fn or tuple(out.shape) != (n, k) or out.stride(1) != 1 \
+            or out.stride(0) % 2 or out.data_ptr() % 2:
         raise ValueError(f"mxfp4_widen_fp8: out must be float8_e4m3fn ({n}, {k}) with unit "
-                         f"column stride, got {tuple(out.shape)} {out.dtype}")
+                         f"column stride, even row stride and address, got "
+                         f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
     for label, t in (("w_scale", w_scale), ("top", top), ("out", out)):
         if t.device != w.device:
             raise ValueError(f"mxfp4_widen_fp8: {label} is on {t.device}, w on {w.device}")
@@ -111,6 +125,7 @@ def widen(w: torch.Tensor, w_scale: torch.Tensor, top: torch.Tensor,
         return out
     grid = (-(-n // BLOCK_N), -(-k // BLOCK_K))
     with torch.cuda.device(w.device) if w.device.type == "cuda" else contextlib.nullcontext():
-        _kernel()[grid](w, w_scale, top, out, n, k, w.stride(0), w_scale.stride(0),
-                        out.stride(0), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4)
+        _kernel()[grid](w, w_scale, top, out.view(torch.int16), n, k, w.stride(0),
+                        w_scale.stride(0), out.stride(0) // 2, BLOCK_N=BLOCK_N,
+                        BLOCK_K=BLOCK_K, num_warps=4)
     return out
