@@ -34,7 +34,8 @@ of the dequantized operands ``y`` is bounded by::
     |out - y| <= 2^-8 |y| + (K + 2) * 2^-24 * sum_k |x[m, k] w[n, k]|     (bf16 out)
 
 (2^-8: the output rounding to bf16 plus the fp32 scale product; (K + 2) 2^-24: the
-recursive fp32 sum of K exact products and the two scale products). Hopper's fp8 MMA
+recursive fp32 sum of K exact products and the two scale products), plus half the
+output's least subnormal where the result is subnormal. Hopper's fp8 MMA
 adds inside one instruction (32 products and the accumulator when ``promote_k`` is 0)
 with fewer bits than fp32 (DeepSeek-V3 report: about 14); its error is measured
 (tools/tune_mxfp4_fp8.py prints each config's relative RMS error) rather than bounded.
@@ -70,12 +71,15 @@ class LaunchConfig:
     num_warps: int
     num_stages: int  # software-pipelining depth of the K loop
     promote_k: int  # products per fp32 partial-sum add (Triton's max_num_imprecise_acc,
-    #                 <= block_k, a multiple of 32); 0: the MMA's own accumulation
+    #                 <= block_k, a multiple of 32); 0: the MMA's own accumulation. w_lhs
+    #                 configs must say 0: Triton 3.9 drops the attribute on the
+    #                 register-operand path (its TTGIR for sm_90 keeps the default 2^30)
 
 
-#: shapes not in CONFIGS, M >= LARGE_ROWS: Triton's Hopper fp8 matmul tile (128 x 256 x
-#: 128, 8 warps, 3 stages), the fp32 partial sum promoted every 128 products
-DEFAULT_CONFIG = LaunchConfig(128, 256, 128, 8, False, 8, 3, 128)
+#: shapes not in CONFIGS, M >= LARGE_ROWS: a Hopper fp8 tile that compiles for sm_90
+#: without spills or serialized wgmma (Triton 3.9, ptxas -v: 184 registers, 104 KB shared),
+#: the fp32 partial sum promoted every 128 products (fp32 summation's error bound)
+DEFAULT_CONFIG = LaunchConfig(128, 128, 128, 8, False, 8, 4, 128)
 #: Configs by (N, K) of a rank's o_proj / down_proj (tools/model_shapes.py: Llama-3.1-8B
 #: TP 2, Llama-3.1-70B TP 4, Qwen3-32B TP 4, and the bench's 5120 x 4352), for
 #: M >= LARGE_ROWS. Not yet measured: every entry is DEFAULT_CONFIG until an H200 run of
@@ -87,7 +91,7 @@ CONFIGS: dict[tuple[int, int], LaunchConfig] = {
     (5120, 4352): DEFAULT_CONFIG,
 }
 #: fewer rows: smaller row tiles keep the SMs busy
-MEDIUM_CONFIG = LaunchConfig(64, 128, 128, 8, True, 4, 4, 128)
+MEDIUM_CONFIG = LaunchConfig(64, 128, 128, 8, False, 4, 4, 128)  # sm_90: 210 registers, no spill
 LARGE_ROWS = 1024
 #: Under the interpreter speed does not matter; one small config exercises the masks.
 INTERPRETER_CONFIG = LaunchConfig(32, 32, 64, 2, False, 4, 1, 64)
@@ -241,10 +245,12 @@ def _mxfp4_fp8_gemm_kernel(
 
     xs = tl.load(xs_ptr + load_m)
     cs = tl.load(cs_ptr + load_n)
+    # acc * x_scale first: 2^t may be an fp32 subnormal (top < 7), which an intermediate
+    # product must not round through; times 2^t last is exact unless the result is.
     if W_LHS:
-        y = tl.trans(acc * cs[:, None] * xs[None, :])
+        y = tl.trans(acc * xs[None, :] * cs[:, None])
     else:
-        y = acc * cs[None, :] * xs[:, None]
+        y = acc * xs[:, None] * cs[None, :]
     out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * out_row_stride + offs_n[None, :]
     mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -298,9 +304,11 @@ def mxfp4_fp8_gemm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
     if rows == 0 or n == 0:
         return out
     cfg = config if config is not None else launch_config(x.device, rows, n, k)
-    if cfg.block_k % MX_GROUP or cfg.promote_k % 32 or cfg.promote_k > cfg.block_k:
+    if cfg.block_k % MX_GROUP or cfg.promote_k % 32 or cfg.promote_k > cfg.block_k \
+            or (cfg.w_lhs and cfg.promote_k):
         raise ValueError(f"mxfp4_fp8_gemm: config {cfg}: block_k must be a multiple of "
-                         f"{MX_GROUP} and promote_k a multiple of 32 no larger than block_k")
+                         f"{MX_GROUP}, promote_k a multiple of 32 no larger than block_k, "
+                         "and 0 for w_lhs (see LaunchConfig)")
     grid = (-(-rows // cfg.block_m) * -(-n // cfg.block_n),)
     with bf16_kernel._on_stream(x.device, stream):
         _kernel()[grid](
