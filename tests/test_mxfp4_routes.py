@@ -105,14 +105,18 @@ def test_gpu_fp8_route_matches_float64_with_blocks_at_the_range_edges():
     rows, n, k = 4096, 5120, 4352
     g = torch.Generator().manual_seed(5)
     x = torch.randn(rows, k, generator=g).to(torch.bfloat16).cuda()
-    w = (torch.randn(n, k, generator=g) / k ** 0.5)
-    # per channel, one block 2^14 below the channel's largest (the widest span that fits)
-    w[:, 64:96] *= 2.0 ** -14
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    # Per channel, block 0 the largest (16x: its scale is the channel's top), block 2 the
+    # same values times 2^-14 (its scale byte exactly 14 below: the widest span that
+    # fits, every code at E = -8 .. 6), block 3 all zero (scale byte 0, ignored).
+    w[:, :32] *= 16
+    w[:, 64:96] = w[:, :32] * 2.0 ** -14
     w[:, 96:128] = 0.0
     packed, scales = mx.quantize_weight(w.to(torch.bfloat16).cuda())
     prod = producers.get(mx.NAME)
     p = prod.prepare(x, packed, scales, ScratchPool())
     assert p.route == "cublas_fp8" and p.weight.dtype == torch.float8_e4m3fn
+    assert bool((scales[:, 0].int() - scales[:, 2].int() == 14).all())
     out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     for a, b in ((0, 1024), (1024, 2048), (2048, 4096)):  # slices, 16-row aligned
         prod.launch(p, a, b, out[a:b], torch.cuda.current_stream().cuda_stream)
