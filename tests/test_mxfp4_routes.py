@@ -43,6 +43,8 @@ def test_cached_plan_is_remade_when_the_weight_is_rewritten():
     scales[0, 0] = 150  # in place: the version counter moves
     again = routes.cached_plan(packed, scales)
     assert again is not first and again.top.tolist() == [150, 140]
+    assert again.top.data_ptr() == first.top.data_ptr()  # the old plan's tensors, rewritten
+    assert again.col_scale.tolist() == [2.0 ** (150 - 133), 2.0 ** (140 - 133)]
     packed[0, 40:48] = 0  # the codes too (an in-place write, same values)
     assert routes.cached_plan(packed, scales) is not again
     scales[1, 1] = 100  # a span of 40 binades with non-zero codes

@@ -18,11 +18,16 @@ weight).
 The plan reads the whole weight and synchronizes, so it is made once per weight and
 cached by the scale tensor, remade when either tensor is written in place (their version
 counters) or replaced. Under CUDA-graph capture an unplanned weight is refused: one
-eager call per weight first (vLLM's warm-up is one).
+eager call per weight first (vLLM's warm-up is one). A weight rewritten in place gets
+its new plan written into the old plan's tensors, so that a graph captured before (which
+holds their addresses and the weight's) computes with the new plan; the route a graph
+captured stays its own, so a rewrite that makes a fitting weight not fit needs the
+graphs of that weight dropped (a case this code does not detect at replay).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -56,6 +61,12 @@ def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan
                            "call, which synchronizes: run one eager call with the weight "
                            "before capturing a CUDA graph (or after rewriting the weight)")
     plan = fp8_kernel.plan_columns(w, w_scale)
+    if hit is not None and hit[1].top.shape == plan.top.shape:
+        # Rewritten in place: the new plan goes into the old plan's tensors, whose
+        # addresses a captured CUDA graph of this weight holds (module doc).
+        hit[1].top.copy_(plan.top)
+        hit[1].col_scale.copy_(plan.col_scale)
+        plan = dataclasses.replace(hit[1], fits=plan.fits, reason=plan.reason)
     if not plan.fits:
         warnings.warn(f"mxfp4_w4a8: this weight is not exact in e4m3 ({plan.reason}): it runs "
                       "on the bf16-widening Triton kernel, not on fp8 tensor cores",
