@@ -128,15 +128,21 @@ class ColumnPlan:
     reason: str  # why not, when not
 
 
-def plan_columns(packed: torch.Tensor, scales: torch.Tensor) -> ColumnPlan:
-    """The shifts for packed e2m1 codes [N, K/2] and e8m0 scales [N, K/32] (a host sync:
-    call it once per weight, at load)."""
+def _check_weight(packed: torch.Tensor, scales: torch.Tensor, who: str) -> None:
     if packed.dtype != torch.uint8 or scales.dtype != torch.uint8 or packed.dim() != 2 \
             or tuple(scales.shape) != (packed.shape[0], 2 * packed.shape[1] // MX_GROUP) \
             or (2 * packed.shape[1]) % MX_GROUP:
-        raise ValueError(f"plan_columns: expected uint8 codes (N, K/2) and uint8 scales "
+        raise ValueError(f"{who}: expected uint8 codes (N, K/2) and uint8 scales "
                          f"(N, K/32), got {tuple(packed.shape)} {packed.dtype} and "
                          f"{tuple(scales.shape)} {scales.dtype}")
+
+
+def column_range(packed: torch.Tensor, scales: torch.Tensor,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top, spread), int32 [N] each: per output channel the largest scale byte of a block
+    holding a nonzero code (E8M0_BIAS + E_MAX where there is none) and how far below it
+    the smallest such block lies (0 for an all-zero channel); it fits when spread <= 14."""
+    _check_weight(packed, scales, "column_range")
     n = packed.shape[0]
     used = (packed.reshape(n, -1, MX_GROUP // 2) & 0x77).amax(dim=2) > 0  # a nonzero code
     s = scales.to(torch.int32)
@@ -144,8 +150,16 @@ def plan_columns(packed: torch.Tensor, scales: torch.Tensor) -> ColumnPlan:
     low = torch.where(used, s, 256).amin(dim=1)
     empty = top < 0
     top = torch.where(empty, E8M0_BIAS + E_MAX, top)  # an all-zero column: t = 0
-    spread = torch.where(empty, 0, top - low)
-    worst, nan = int(spread.max()) if n else 0, bool((scales == E8M0_NAN).any())
+    return top.to(torch.int32), torch.where(empty, 0, top - low).to(torch.int32)
+
+
+def plan_columns(packed: torch.Tensor, scales: torch.Tensor) -> ColumnPlan:
+    """The shifts for packed e2m1 codes [N, K/2] and e8m0 scales [N, K/32] (a host sync:
+    call it once per weight, at load)."""
+    _check_weight(packed, scales, "plan_columns")
+    top, spread = column_range(packed, scales)
+    worst = int(spread.max()) if spread.numel() else 0
+    nan = bool((scales == E8M0_NAN).any())
     reason = ("a scale byte is 255 (NaN)" if nan else
               f"a column's blocks span {worst + 1} binades, more than the "
               f"{E_MAX - E_MIN + 1} e4m3 holds" if worst > E_MAX - E_MIN else "")
