@@ -218,7 +218,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         packed, scales = mx.quantize_weight(w)
         w8 = (w.float() / (w.float().abs().amax(1, keepdim=True) / 448)).to(FP8)
         w8_scale = (w.float().abs().amax(1) / 448).reshape(1, -1)
-        for m in SWEEP_ROWS:
+        for m in args.sweep_rows:
             x = torch.randn(m, k, generator=g).to(BF16).cuda()
             copies = gpu_timing.copies_for(x)
             xq, xs = quantize_fp8_rows(x)
@@ -348,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true",
                    help="instead: both routes and fp8 rowwise at the o_proj/down_proj shapes "
                         "of the prefill bench's models, M = 256 .. 16384")
+    p.add_argument("--sweep-rows", type=lambda t: [int(v) for v in t.split(",")],
+                   default=list(SWEEP_ROWS), help="--sweep's M values, comma-separated")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     if min(args.m, args.n, args.k, args.reps) < 1 or args.k % kernel.MX_GROUP:
