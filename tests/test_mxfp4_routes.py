@@ -89,10 +89,13 @@ def test_widening_is_exact_under_the_interpreter():
 
 # ---------------------------------------------------------------------------- one GPU
 
-#: |cublas_fp8 route - float64| <= 2^-8 |ref| (bf16 output) + this * sum |terms|: the fp8 GEMM
-#: accumulates exact products; Hopper's fp8 MMA keeps fewer bits than fp32 inside one
-#: instruction (docs: about 14), which this allows 4x over
-ACCUMULATION_BOUND = 2 ** -12
+#: |cublas_fp8 route - float64| <= 2^-8 |ref| (bf16 output) + this * sum |terms|. The
+#: products are exact; torch's rowwise fp8 GEMM (fast accumulation off) adds them on
+#: Hopper's fp8 MMA, which keeps fewer bits than fp32 between its promotions to fp32
+#: (DeepSeek-V3 report: about 14), so this is a loose guard against gross error; the
+#: RMS target is the issue's (today's Triton kernel: 1.7e-3 relative on the bench data).
+ACCUMULATION_BOUND = 2 ** -10
+RMS_TARGET = 1.7e-3
 
 
 def _hopper() -> bool:
@@ -128,7 +131,8 @@ def test_gpu_fp8_route_matches_float64_with_blocks_at_the_range_edges():
     mag = mx.dequantize_activation(p.x, p.x_scale).abs() @ mx.dequantize_weight(
         packed, scales).abs().t()
     got = out.double()
-    assert float((got - ref).norm() / ref.norm()) < 2 ** -8
+    rms = float((got - ref).norm() / ref.norm())
+    assert rms <= RMS_TARGET, rms
     excess = ((got - ref).abs() - 2 ** -8 * ref.abs()).clamp_min(0) / mag
     assert float(excess.max()) <= ACCUMULATION_BOUND, float(excess.max())
 
