@@ -92,10 +92,13 @@ def test_widening_is_exact_under_the_interpreter():
 #: |cublas_fp8 route - float64| <= 2^-8 |ref| (bf16 output) + this * sum |terms|. The
 #: products are exact; torch's rowwise fp8 GEMM (fast accumulation off) adds them on
 #: Hopper's fp8 MMA, which keeps fewer bits than fp32 between its promotions to fp32
-#: (DeepSeek-V3 report: about 14), so this is a loose guard against gross error; the
-#: RMS target is the issue's (today's Triton kernel: 1.7e-3 relative on the bench data).
+#: (DeepSeek-V3 report: about 14), so this is a loose guard against gross error.
 ACCUMULATION_BOUND = 2 ** -10
-RMS_TARGET = 1.7e-3
+#: The RMS error may exceed that of rounding the float64 product to bf16 by this factor
+#: (the issue's target: no worse than today's Triton kernel, whose 1.7e-3 on the bench
+#: data is that rounding alone: every config measured 0.001660, tools/results/
+#: 2026-12-03-h200-mxfp4/bench_mxfp4.json).
+RMS_OVER_ROUNDING = 1.05
 
 
 def _hopper() -> bool:
@@ -132,7 +135,8 @@ def test_gpu_fp8_route_matches_float64_with_blocks_at_the_range_edges():
         packed, scales).abs().t()
     got = out.double()
     rms = float((got - ref).norm() / ref.norm())
-    assert rms <= RMS_TARGET, rms
+    rounding = float((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm())
+    assert rms <= RMS_OVER_ROUNDING * rounding, (rms, rounding)
     excess = ((got - ref).abs() - 2 ** -8 * ref.abs()).clamp_min(0) / mag
     assert float(excess.max()) <= ACCUMULATION_BOUND, float(excess.max())
 
