@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from radiance_ar import envs
+from radiance_ar.overlap.kernels import lazy_jit
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as bf16_kernel
 
 MX_GROUP = bf16_kernel.MX_GROUP
@@ -272,15 +273,9 @@ def _mxfp4_fp8_gemm_kernel(
 
 def _kernel() -> Any:
     """The jitted kernel, Triton imported here; ``rows`` is not specialized on."""
-    global tl, _jitted
+    global _jitted
     if _jitted is None:
-        try:
-            import triton
-            import triton.language as language
-        except ImportError as e:
-            raise RuntimeError(f"mxfp4_fp8_gemm needs Triton: pip install triton ({e})") from None
-        tl = language
-        _jitted = triton.jit(_mxfp4_fp8_gemm_kernel, do_not_specialize=["rows"])
+        _jitted = lazy_jit.jit(_mxfp4_fp8_gemm_kernel, globals(), do_not_specialize=["rows"])
     return _jitted
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from radiance_ar import envs
+from radiance_ar.overlap.kernels import lazy_jit
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 (e4m3fn) value
@@ -100,16 +101,10 @@ def _e4m3_by_fp32_grid(v):
 
 
 def _kernel() -> Any:
-    global tl, _jitted
+    global _jitted, _e4m3_by_fp32_grid
     if _jitted is None:
-        try:
-            import triton
-            import triton.language as language
-        except ImportError as e:
-            raise RuntimeError(f"quantize_fp8_rows needs Triton: pip install triton ({e})") from None
-        tl = language
-        globals()["_e4m3_by_fp32_grid"] = triton.jit(_e4m3_by_fp32_grid)
-        _jitted = triton.jit(_quantize_fp8_rows_kernel)
+        _e4m3_by_fp32_grid = lazy_jit.jit(_e4m3_by_fp32_grid, globals())
+        _jitted = lazy_jit.jit(_quantize_fp8_rows_kernel, globals())
     return _jitted
 
 
