@@ -87,6 +87,31 @@ def test_widening_is_exact_under_the_interpreter():
     run_under_interpreter(WIDEN_SCRIPT)
 
 
+PREPARE_SCRIPT = r"""
+import torch
+from radiance_ar.overlap import mxfp4_routes as routes, producer_mxfp4 as mx, producers
+from radiance_ar.overlap.scratch import ScratchPool
+routes.cublas_available = lambda *args: True  # this GPU-only route's operands, on the CPU
+torch.manual_seed(0)
+x = torch.randn(40, 96).to(torch.bfloat16)
+packed, scales = mx.quantize_weight(torch.randn(48, 96) / 10)
+p = producers.get(mx.NAME).prepare(x, packed, scales, ScratchPool())
+assert p.route == "cublas_fp8" and p.weight.shape == (48, 96) and p.weight_scale.shape == (1, 48)
+xq, xs = mx.quantize_activation(x)
+assert torch.equal(p.x.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(p.x_scale, xs)
+# what torch._scaled_mm rowwise multiplies: (x_scale * xq) @ (w8 * col_scale).T
+w = p.weight.double() * p.weight_scale.double().t()
+assert torch.equal(w, mx.dequantize_weight(packed, scales))
+print("interpreter-ok")
+"""
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_cublas_route_operands_are_the_exact_weight_under_the_interpreter():
+    run_under_interpreter(PREPARE_SCRIPT)
+
+
 # ---------------------------------------------------------------------------- one GPU
 
 #: |cublas_fp8 route - float64| <= 2^-8 |ref| (bf16 output) + this * sum |terms|. The
