@@ -9,6 +9,7 @@ Independent facts used: e4m3 holds 2^-9 (least subnormal) .. 448, so e2m1 values
 whose used blocks span 15 binades fits, 16 do not.
 """
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -164,15 +165,22 @@ def test_gpu_quantize_fp8_rows_bits_match_the_reference():
     assert torch.equal(q.view(torch.uint8), xq.view(torch.uint8))
 
 
+#: the default config (weight widened in PTX), the same widened in Triton ops, and the
+#: MMA's own accumulation (no fp32 promotion)
+GPU_CONFIGS = {"default": fk.DEFAULT_CONFIG,
+               "triton_ops": dataclasses.replace(fk.DEFAULT_CONFIG, widen_asm=False),
+               "hardware_acc": fk.LaunchConfig(128, 256, 128, 8, False, 8, 3, 0, True)}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["table", "hardware_acc"])
+@pytest.mark.parametrize("config", list(GPU_CONFIGS))
 def test_gpu_kernel_writes_its_slice_within_the_bound(config):
     _skip_without_fp8_mma()
     rows, n, k, a, b = 4096, 5120, 4352, 1024, 3072  # a prefill slice of one rank's down_proj
     _, xq, xs, packed, scales = _gpu_operands(rows, n, k)
     plan = fk.plan_columns(packed, scales)
     assert plan.fits
-    cfg = None if config == "table" else fk.LaunchConfig(128, 256, 128, 8, False, 8, 3, 0)
+    cfg = GPU_CONFIGS[config]
     buf = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -185,7 +193,7 @@ def test_gpu_kernel_writes_its_slice_within_the_bound(config):
     want = mx.reference(xq[a:b], xs[a:b], packed, scales)
     rel = float((got - want).norm() / want.norm())
     assert rel < 1.7e-3, (config, rel)  # issue 32: no worse than the bf16-widening kernel
-    if config == "table":  # fp32 summation (promoted): the stated elementwise bound
+    if cfg.promote_k:  # fp32 summation (promoted): the stated elementwise bound
         mag = mx.dequantize_activation(xq[a:b], xs[a:b]).abs() @ mx.dequantize_weight(
             packed, scales).abs().t()
         assert bool(((got - want).abs() <= 2 ** -8 * want.abs() + (k + 2) * 2 ** -24 * mag)
@@ -193,7 +201,8 @@ def test_gpu_kernel_writes_its_slice_within_the_bound(config):
 
 
 @pytest.mark.gpu
-def test_gpu_kernel_at_the_range_edges():
+@pytest.mark.parametrize("config", ["default", "triton_ops"])
+def test_gpu_kernel_at_the_range_edges(config):
     _skip_without_fp8_mma()
     k = 4096
     packed, scales = (t.cuda() for t in edge_weight(k))
@@ -201,7 +210,7 @@ def test_gpu_kernel_at_the_range_edges():
     g = torch.Generator().manual_seed(5)
     xq, xs = mx.quantize_activation(torch.randn(300, k, generator=g).cuda())
     out = torch.full((300, 8), float("nan"), dtype=torch.float32, device="cuda")
-    fk.mxfp4_fp8_gemm(xq, xs, packed, scales, plan, out=out)
+    fk.mxfp4_fp8_gemm(xq, xs, packed, scales, plan, out=out, config=GPU_CONFIGS[config])
     ref = mx.reference(xq, xs, packed, scales)
     mag = mx.dequantize_activation(xq, xs).abs() @ mx.dequantize_weight(packed, scales).abs().t()
     err = (out.double() - ref).abs()

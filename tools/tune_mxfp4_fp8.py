@@ -38,23 +38,25 @@ from radiance_ar.overlap.kernels import quantize_fp8_rows as qk
 
 C = fk.LaunchConfig
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
-#: Hopper fp8 tiles: the activation (x_lhs, weight staged through shared memory) or the
-#: widened weight (w_lhs, kept in registers as the wgmma A operand; its MMA accumulates,
-#: see the kernel's LaunchConfig) on the left; the fp32 partial sum promoted every 128 or
-#: 64 products, or left to the MMA (p0). Compiled offline for sm_90 with Triton 3.9
-#: (ptxas -v): 128x256 x_lhs promoted spills 584 (BK 128) and 460 bytes (BK 64), 256x128
-#: x_lhs 16, the others none; w_lhs 256x128 and w_lhs with 4 warps serialized their wgmma
-#: (warning C7515) and are left out. Widening costs BN x BK per tile against BM x BN x BK
-#: of MMA, so a taller tile (BM) amortizes it.
+#: Hopper fp8 tiles, the activation on the left (x_lhs: the widened weight staged through
+#: shared memory) or the weight (w_lhs: kept in registers as the wgmma A operand, whose
+#: MMA then accumulates, see LaunchConfig); the fp32 partial sum promoted every
+#: promote_k products or left to the MMA (p0); the weight widened in PTX (asm) or in
+#: Triton ops (the last, for the gain). Offline for sm_90 (Triton 3.9; nvdisasm of the
+#: main loop: issue cycles a K step for 8 warps against the fp8 MMA's; ptxas -v):
+#: 256x128x128 p128 898 vs 1024 (16 B spilled), 256x128x64 p64 618 vs 512, 128x128x256
+#: p256 1184 vs 1024, 128x128x128 p128 692 vs 512 (1380 in Triton ops), 256x128x128 p0
+#: 604 vs 1024, 128x256x128 p0 986 vs 1024, w_lhs 128x128x128 620 vs 512; left out:
+#: 128x256 promoted (588 B spilled), w_lhs 256x128 (wgmma serialized, ptxas C7515).
 CANDIDATES = [
-    C(128, 256, 128, 8, False, 8, 3, 128),
-    C(128, 256, 128, 8, False, 8, 3, 0),
-    C(128, 256, 64, 8, False, 8, 4, 64),
-    C(128, 128, 128, 8, False, 8, 4, 128),
-    C(256, 128, 128, 8, False, 8, 3, 128),
-    C(128, 128, 128, 8, False, 4, 4, 128),
-    C(128, 128, 128, 8, True, 8, 4, 0),
-    C(128, 128, 256, 8, False, 8, 3, 256),
+    C(256, 128, 128, 8, False, 8, 3, 128, True),
+    C(256, 128, 64, 8, False, 8, 4, 64, True),
+    C(128, 128, 256, 8, False, 8, 3, 256, True),
+    C(128, 128, 128, 8, False, 8, 4, 128, True),
+    C(256, 128, 128, 8, False, 8, 3, 0, True),
+    C(128, 256, 128, 8, False, 8, 3, 0, True),
+    C(128, 128, 128, 8, True, 8, 4, 0, True),
+    C(128, 128, 128, 8, False, 8, 4, 128, False),
 ]
 #: (model, TP degree) of the prefill bench, and the bench's own shape
 MODELS = (("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("qwen3-32b", 4))
@@ -83,7 +85,7 @@ def timed(fn, reps: int, warmup: int) -> float:
 def label(cfg: fk.LaunchConfig) -> str:
     return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} g{cfg.group_m} "
             f"{'w_lhs' if cfg.w_lhs else 'x_lhs'} w{cfg.num_warps} s{cfg.num_stages} "
-            f"p{cfg.promote_k}")
+            f"p{cfg.promote_k}{' asm' if cfg.widen_asm else ''}")
 
 
 def measure_prepare(args) -> dict:

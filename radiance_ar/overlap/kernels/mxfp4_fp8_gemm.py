@@ -75,12 +75,15 @@ class LaunchConfig:
     #                 <= block_k, a multiple of 32); 0: the MMA's own accumulation. w_lhs
     #                 configs must say 0: Triton 3.9 drops the attribute on the
     #                 register-operand path (its TTGIR for sm_90 keeps the default 2^30)
+    widen_asm: bool = False  # widen by inline PTX (_WIDEN_PTX: CUDA sm_89+; under the
+    #                          interpreter, which runs no PTX, the Triton-op widening)
 
 
-#: shapes not in CONFIGS, M >= LARGE_ROWS: a Hopper fp8 tile that compiles for sm_90
-#: without spills or serialized wgmma (Triton 3.9, ptxas -v: 184 registers, 104 KB shared),
-#: the fp32 partial sum promoted every 128 products (fp32 summation's error bound)
-DEFAULT_CONFIG = LaunchConfig(128, 128, 128, 8, False, 8, 4, 128)
+#: shapes not in CONFIGS, M >= LARGE_ROWS: the tile the sm_90 roofline favours (Triton
+#: 3.9 offline, nvdisasm of the main loop: 898 issue cycles a K step against 1024 of fp8
+#: MMA, so MMA-bound; ptxas: 255 registers, 16 bytes spilled, 128 KB shared), the weight
+#: widened in PTX, the fp32 partial sum promoted every 128 products (fp32 summation's bound)
+DEFAULT_CONFIG = LaunchConfig(256, 128, 128, 8, False, 8, 3, 128, True)
 #: Configs by (N, K) of a rank's o_proj / down_proj (tools/model_shapes.py: Llama-3.1-8B
 #: TP 2, Llama-3.1-70B TP 4, Qwen3-32B TP 4, and the bench's 5120 x 4352), for
 #: M >= LARGE_ROWS. Not yet measured: every entry is DEFAULT_CONFIG until an H200 run of
@@ -92,7 +95,7 @@ CONFIGS: dict[tuple[int, int], LaunchConfig] = {
     (5120, 4352): DEFAULT_CONFIG,
 }
 #: fewer rows: smaller row tiles keep the SMs busy
-MEDIUM_CONFIG = LaunchConfig(64, 128, 128, 8, False, 4, 4, 128)  # sm_90: 210 registers, no spill
+MEDIUM_CONFIG = LaunchConfig(64, 128, 128, 8, False, 4, 4, 128, True)  # sm_90: 202 regs, no spill
 LARGE_ROWS = 1024
 #: Under the interpreter speed does not matter; one small config exercises the masks.
 INTERPRETER_CONFIG = LaunchConfig(32, 32, 64, 2, False, 4, 1, 64)
@@ -168,6 +171,45 @@ def plan_columns(packed: torch.Tensor, scales: torch.Tensor) -> ColumnPlan:
     return ColumnPlan(top.contiguous(), col_scale.contiguous(), not reason, reason)
 
 
+#: The widening in PTX, 4 packed bytes (8 codes) an invocation: the e4m3 bits of e2m1(c) *
+#: 2^-6 are ((c & 7) << 2) | ((c & 8) << 4) (code 1 the e4m3 subnormal 2^-7), built for
+#: the 4 low nibbles ($0, elements 0, 2, 4, 6 of the row) and the 4 high ones ($1) with
+#: a few 32-bit operations; then per pair e4m3 -> f16 (exact), times the block's f16
+#: factor 2^(E + 6) ($3, $4: the factors of bytes 0-1 and 2-3, equal within a block)
+#: giving e2m1(c) * 2^E in [2^-9, 384] (f16 normals, exact), -> e4m3 (exact: representable).
+#: The main loop of 128x128x128 (8 warps, promoted) is 346 SASS instructions a thread
+#: this way against 690 with the Triton-op widening (sm_90, Triton 3.9, nvdisasm).
+_WIDEN_PTX_TEXT = """{
+.reg .b32 l, h, t, f0, f1, f2, f3;
+.reg .b16 l0, l1, h0, h1, o0, o1, o2, o3;
+and.b32 l, $2, 0x07070707;
+shl.b32 l, l, 2;
+and.b32 t, $2, 0x08080808;
+shl.b32 t, t, 4;
+or.b32 l, l, t;
+shr.u32 h, $2, 2;
+and.b32 h, h, 0x1C1C1C1C;
+and.b32 t, $2, 0x80808080;
+or.b32 h, h, t;
+mov.b32 {l0, l1}, l;
+mov.b32 {h0, h1}, h;
+cvt.rn.f16x2.e4m3x2 f0, l0;
+cvt.rn.f16x2.e4m3x2 f1, l1;
+cvt.rn.f16x2.e4m3x2 f2, h0;
+cvt.rn.f16x2.e4m3x2 f3, h1;
+mul.rn.f16x2 f0, f0, $3;
+mul.rn.f16x2 f1, f1, $4;
+mul.rn.f16x2 f2, f2, $3;
+mul.rn.f16x2 f3, f3, $4;
+cvt.rn.satfinite.e4m3x2.f16x2 o0, f0;
+cvt.rn.satfinite.e4m3x2.f16x2 o1, f1;
+cvt.rn.satfinite.e4m3x2.f16x2 o2, f2;
+cvt.rn.satfinite.e4m3x2.f16x2 o3, f3;
+mov.b32 $0, {o0, o1};
+mov.b32 $1, {o2, o3};
+}"""
+
+_WIDEN_PTX: Any = None  # _WIDEN_PTX_TEXT as a tl.constexpr, bound by _kernel()
 tl: Any = None  # triton.language, bound by _kernel() at the first launch
 _jitted: Any = None
 
@@ -190,6 +232,7 @@ def _mxfp4_fp8_gemm_kernel(
     W_LHS: tl.constexpr,  # weight as the left operand: accumulate out.T tiles
     PROMOTE_K: tl.constexpr,  # Triton's max_num_imprecise_acc (None: the MMA's own)
     DOT_FP32: tl.constexpr,  # the dot in fp32 (the interpreter has no fp8 dot)
+    WIDEN_ASM: tl.constexpr,  # widen by _WIDEN_PTX (CUDA sm_89+), else in Triton ops
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask in the K loop
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,  # output channels per tile
@@ -234,17 +277,24 @@ def _mxfp4_fp8_gemm_kernel(
             left = K - k0
             x = tl.load(x_ptrs, mask=offs_k[None, :] < left, other=0.0)
             w = tl.load(w_ptrs, mask=offs_kb[None, :] < left // 2, other=0)
-        # e2m1(c) * 2^-14 as fp16 bits (module doc); code 1 is the fp16 subnormal 2^-15.
-        lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
-        hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
-        small = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K).to(tl.float16, bitcast=True)
         # E - 6 = ws - top, clamped to [E_MIN - E_MAX, 0] = [-14, 0]; the factor
         # 2^(E + 6) has the fp16 exponent field E + 6 + 15 = (E - 6) + 27 in [13, 27].
         e = tl.minimum(tl.maximum(ws.to(tl.int32) - top[:, None], -14), 0)
         factor = ((e + 27) << 10).to(tl.uint16).to(tl.float16, bitcast=True)
-        v = small.reshape(BLOCK_N, BLOCK_K // 32, 32) * factor[:, :, None]
-        v = v.reshape(BLOCK_N, BLOCK_K) * tl.full((), 256.0, tl.float16)
-        w8 = v.to(tl.float8e4nv)
+        if WIDEN_ASM:
+            f = tl.broadcast_to(factor[:, :, None], (BLOCK_N, BLOCK_K // 32, 16))
+            lo, hi = tl.inline_asm_elementwise(
+                _WIDEN_PTX, "=r,=r,r,r,r", [w, f.reshape(BLOCK_N, BLOCK_K // 2)],
+                dtype=(tl.float8e4nv, tl.float8e4nv), is_pure=True, pack=4)
+            w8 = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
+        else:
+            # e2m1(c) * 2^-14 as fp16 bits (module doc); code 1 is the fp16 subnormal 2^-15
+            lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
+            hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
+            small = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K).to(tl.float16, bitcast=True)
+            v = small.reshape(BLOCK_N, BLOCK_K // 32, 32) * factor[:, :, None]
+            v = v.reshape(BLOCK_N, BLOCK_K) * tl.full((), 256.0, tl.float16)
+            w8 = v.to(tl.float8e4nv)
         if DOT_FP32:
             wv, xv = w8.to(tl.float32), x.to(tl.float32)
             if W_LHS:
@@ -273,9 +323,10 @@ def _mxfp4_fp8_gemm_kernel(
 
 def _kernel() -> Any:
     """The jitted kernel, Triton imported here; ``rows`` is not specialized on."""
-    global _jitted
+    global _jitted, _WIDEN_PTX
     if _jitted is None:
         _jitted = lazy_jit.jit(_mxfp4_fp8_gemm_kernel, globals(), do_not_specialize=["rows"])
+        _WIDEN_PTX = tl.constexpr(_WIDEN_PTX_TEXT)  # Triton reads only constexpr globals
     return _jitted
 
 
@@ -313,6 +364,9 @@ def mxfp4_fp8_gemm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
     if rows == 0 or n == 0:
         return out
     cfg = config if config is not None else launch_config(x.device, rows, n, k)
+    if cfg.widen_asm and torch.version.hip:
+        raise ValueError(f"mxfp4_fp8_gemm: config {cfg}: widen_asm is CUDA PTX; on ROCm "
+                         "use widen_asm=False")
     if cfg.block_k % MX_GROUP or cfg.promote_k % 32 or cfg.promote_k > cfg.block_k \
             or (cfg.w_lhs and cfg.promote_k):
         raise ValueError(f"mxfp4_fp8_gemm: config {cfg}: block_k must be a multiple of "
@@ -324,6 +378,7 @@ def mxfp4_fp8_gemm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
             x, x_scale, w, w_scale, plan.top, plan.col_scale, out, rows, n, k,
             x.stride(0), w.stride(0), w_scale.stride(0), out.stride(0),
             W_LHS=cfg.w_lhs, PROMOTE_K=cfg.promote_k or None,
+            WIDEN_ASM=cfg.widen_asm and not envs.triton_interpreter(),
             DOT_FP32=envs.triton_interpreter(), EVEN_K=k % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
