@@ -47,6 +47,7 @@ launch; ``TRITON_INTERPRET=1`` set before that runs the kernel on CPU tensors.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,11 +103,11 @@ INTERPRETER_CONFIG = LaunchConfig(32, 32, 64, 2, False, 4, 1, 64)
 
 
 def launch_config(device: torch.device, rows: int, n: int, k: int) -> LaunchConfig:
+    """The table's config; on ROCm (no PTX) the same tile widened in Triton ops."""
     if device.type != "cuda":
         return INTERPRETER_CONFIG
-    if rows < LARGE_ROWS:
-        return MEDIUM_CONFIG
-    return CONFIGS.get((n, k), DEFAULT_CONFIG)
+    cfg = MEDIUM_CONFIG if rows < LARGE_ROWS else CONFIGS.get((n, k), DEFAULT_CONFIG)
+    return dataclasses.replace(cfg, widen_asm=False) if torch.version.hip else cfg
 
 
 def has_fp8_mma(device: torch.device) -> bool:
