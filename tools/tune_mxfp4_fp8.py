@@ -9,12 +9,13 @@ On one GPU with fp8 MMA (H100/H200), in about 2-3 minutes:
    5120 x 4352: each candidate config's relative RMS error against the float64 product
    of the dequantized operands (on CHECK_ROWS rows), then its time at every M of --rows,
    beside ``torch.mm`` bf16 and ``torch._scaled_mm`` fp8 rowwise;
-3. per shape the fastest config (geometric mean over M) among those within
-   ERROR_TARGET, printed as the ``CONFIGS`` table to paste into the kernel's module.
+3. per shape the fastest config (geometric mean over M) among those within the error
+   bound (ERROR_TARGET, or 1.05 x the bf16 rounding of the exact product), printed as
+   the ``CONFIGS`` table to paste into the kernel's module.
 
 Times: median of CUDA-event samples after warm-up (tools/gpu_timing.py), the activation
 rotated over copies beyond the L2; TFLOP/s = 2MNK / t. Writes --json; exits 1 when the
-quantization's bits differ or a shape has no config within ERROR_TARGET.
+quantization's bits differ or a shape has no config within its error bound.
 
     python tools/tune_mxfp4_fp8.py --json $OUT/tune_mxfp4_fp8.json
 """
@@ -22,6 +23,7 @@ quantization's bits differ or a shape has no config within ERROR_TARGET.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -62,8 +64,10 @@ CANDIDATES = [
 MODELS = (("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("qwen3-32b", 4))
 BENCH_SHAPE = ("bench", "down_proj", 5120, 4352)
 CHECK_ROWS = 256
-#: issue 32: no worse than the bf16-widening kernel's 1.7e-3 on the bench's data
+#: issue 32: no worse than the bf16-widening kernel's 1.7e-3 on the bench's data, or than
+#: 1.05 times the bf16 rounding of the float64 product itself where that is larger
 ERROR_TARGET = 1.7e-3
+ROUNDING_SLACK = 1.05
 
 
 def shapes() -> list[tuple[str, str, int, int]]:
@@ -119,6 +123,8 @@ def measure_shape(args, model: str, layer: str, n: int, k: int) -> list[dict]:
     xc = torch.randn(CHECK_ROWS, k, generator=g, device="cuda").to(BF16)
     xq, xs = qk.quantize_fp8_rows(xc)
     ref = mx.reference(xq, xs, packed, scales)
+    floor = float((ref.to(BF16).double() - ref).norm() / ref.norm())
+    bound = max(ERROR_TARGET, ROUNDING_SLACK * floor)
     out = torch.empty(CHECK_ROWS, n, dtype=BF16, device="cuda")
     for cfg in CANDIDATES:
         try:
@@ -136,7 +142,8 @@ def measure_shape(args, model: str, layer: str, n: int, k: int) -> list[dict]:
         for cfg, err in errors.items():
             ms = timed(lambda i: fk.mxfp4_fp8_gemm(xqs[i % copies], xs, packed, scales, plan,
                                                    out=out, config=cfg), args.reps, args.warmup)
-            rows.append(dict(at, kernel=label(cfg), config=cfg, rel_rms_err=err, ms=ms,
+            rows.append(dict(at, kernel=label(cfg), config=cfg, rel_rms_err=err,
+                             err_bound=bound, bf16_rounding_err=floor, ms=ms,
                              tflops=tflops(m, n, k, ms)))
         ms = timed(lambda i: torch._scaled_mm(xqs[i % copies], w8.t(), scale_a=xs[:, None],
                                               scale_b=w8_scale, out_dtype=BF16, out=out),
@@ -152,10 +159,11 @@ def measure_shape(args, model: str, layer: str, n: int, k: int) -> list[dict]:
 
 
 def choose(rows: list[dict]) -> dict[tuple[int, int], tuple[fk.LaunchConfig, float]]:
-    """Per (N, K): the config of the best geometric-mean TFLOP/s over M within ERROR_TARGET."""
+    """Per (N, K): the config of the best geometric-mean TFLOP/s over M within its error
+    bound (ERROR_TARGET, or the bf16 rounding of the exact product times ROUNDING_SLACK)."""
     by_shape: dict[tuple[int, int], dict[fk.LaunchConfig, list[float]]] = {}
     for r in rows:
-        if "config" in r and r["rel_rms_err"] <= ERROR_TARGET:
+        if "config" in r and r["rel_rms_err"] <= r["err_bound"]:
             by_shape.setdefault((r["n"], r["k"]), {}).setdefault(r["config"], []).append(
                 r["tflops"])
     return {shape: max(((cfg, math.exp(sum(map(math.log, t)) / len(t))) for cfg, t in
@@ -169,9 +177,12 @@ def table_text(chosen, device: str, triton_version: str, ms: tuple[int, ...]) ->
              f"    # tools/tune_mxfp4_fp8.py, {device}, Triton {triton_version}, {day}: the "
              f"fastest of {len(CANDIDATES)}",
              f"    # candidates (geometric mean TFLOP/s over M = {', '.join(map(str, ms))}) "
-             f"within {ERROR_TARGET} relative RMS error"]
+             f"within the error",
+             f"    # bound, max({ERROR_TARGET}, {ROUNDING_SLACK} x the bf16 rounding of the "
+             f"exact product), relative RMS"]
     for (n, k), (cfg, tf) in sorted(chosen.items()):
-        lines.append(f"    ({n}, {k}): {cfg!r},  # {tf:.0f} TFLOP/s")
+        fields = ", ".join(map(repr, dataclasses.astuple(cfg)))
+        lines.append(f"    ({n}, {k}): LaunchConfig({fields}),  # {tf:.0f} TFLOP/s")
     return "\n".join(lines + ["}"])
 
 
@@ -231,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [s for s in {(r["n"], r["k"]) for r in rows} if s not in chosen]
     if not prep["same_bits"] or missing:
         print(f"FAILURE: quantization bits differ: {not prep['same_bits']}; shapes without a "
-              f"config within {ERROR_TARGET}: {missing}")
+              f"config within the error bound: {missing}")
         return 1
     return 0
 
