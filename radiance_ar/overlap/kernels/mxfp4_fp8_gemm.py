@@ -19,26 +19,35 @@ scale (byte 255), is not for this kernel (``ColumnPlan.fits`` False, with the re
 the producer runs the bf16-widening kernel for it. Blocks of zero codes are exact at any
 E (the kernel clamps E into [-8, 6] so their factor stays finite).
 
-Widening, per element, all exact: a code c becomes the fp16 bits ``(c & 7) << 9`` (sign
-to bit 15), which is e2m1(c) * 2^-14 (code 1 the fp16 subnormal 2^-15); times the fp16
-2^(E + 6) per block (in [2^-2, 2^12]) it is e2m1(c) * 2^(E - 8), at least 2^-17, an fp16
-value; times 256, then cast to e4m3 (exact: representable). Then one fp8 ``tl.dot``
-with fp32 accumulation, and the epilogue multiplies by 2^t[n] (exact while it neither
-over- nor underflows) and by x_scale[m].
+Widening, per element, all exact, two ways (``LaunchConfig.widen_asm``):
+
+- inline PTX (CUDA sm_89+, :data:`_WIDEN_PTX_TEXT`): the e4m3 bits of e2m1(c) * 2^-6 are
+  ``((c & 7) << 2) | ((c & 8) << 4)`` (code 1 the e4m3 subnormal 2^-7), built for 8
+  codes with a few 32-bit operations; e4m3 -> f16, times the block's f16 factor
+  2^(E + 6) (in [2^-2, 2^12]) gives e2m1(c) * 2^E in [2^-9, 384], f16 normals; -> e4m3.
+- Triton ops (ROCm; the interpreter, which runs no PTX): a code c becomes the fp16 bits
+  ``(c & 7) << 9`` (sign to bit 15), e2m1(c) * 2^-14 (code 1 the fp16 subnormal 2^-15);
+  times the same factor it is e2m1(c) * 2^(E - 8), at least 2^-17, an fp16 value; times
+  256, then cast to e4m3.
+
+Then one fp8 ``tl.dot`` with fp32 accumulation; the epilogue multiplies by x_scale[m],
+then by 2^t[n] (exact unless the result over- or underflows; 2^t itself may be an fp32
+subnormal, hence last).
 
 Bits and error. Products of e4m3 values are exact in fp32. With IEEE fp32 summation
-(the interpreter; the GPU when ``promote_k`` makes Triton add every ``promote_k``
-products' partial sum into the fp32 accumulator) the result against the float64 product
-of the dequantized operands ``y`` is bounded by::
+(the interpreter, where the bound is tested) the result against the float64 product of
+the dequantized operands ``y`` is bounded by::
 
     |out - y| <= 2^-8 |y| + (K + 2) * 2^-24 * sum_k |x[m, k] w[n, k]|     (bf16 out)
 
 (2^-8: the output rounding to bf16 plus the fp32 scale product; (K + 2) 2^-24: the
 recursive fp32 sum of K exact products and the two scale products), plus half the
-output's least subnormal where the result is subnormal. Hopper's fp8 MMA
-adds inside one instruction (32 products and the accumulator when ``promote_k`` is 0)
-with fewer bits than fp32 (DeepSeek-V3 report: about 14); its error is measured
-(tools/tune_mxfp4_fp8.py prints each config's relative RMS error) rather than bounded.
+output's least subnormal where the result is subnormal. Hopper's fp8 MMA adds inside
+its instructions with fewer bits than fp32 (DeepSeek-V3 report: about 14): with
+``promote_k`` Triton adds each ``promote_k`` products' partial sum into an fp32
+accumulator, so only those short sums are the MMA's (the GPU tests hold promoted
+configs to the bound above and to the issue's 1.7e-3 relative RMS); with 0 the whole
+sum is the MMA's, measured (tools/tune_mxfp4_fp8.py) rather than bounded.
 
 Tiles, bands (GROUP_M) and operand order (W_LHS) as in ``mxfp4_w4a8``; K is a multiple
 of 32 and, unless EVEN_K, the last K step is masked. Triton is imported at the first
@@ -172,14 +181,10 @@ def plan_columns(packed: torch.Tensor, scales: torch.Tensor) -> ColumnPlan:
     return ColumnPlan(top.contiguous(), col_scale.contiguous(), not reason, reason)
 
 
-#: The widening in PTX, 4 packed bytes (8 codes) an invocation: the e4m3 bits of e2m1(c) *
-#: 2^-6 are ((c & 7) << 2) | ((c & 8) << 4) (code 1 the e4m3 subnormal 2^-7), built for
-#: the 4 low nibbles ($0, elements 0, 2, 4, 6 of the row) and the 4 high ones ($1) with
-#: a few 32-bit operations; then per pair e4m3 -> f16 (exact), times the block's f16
-#: factor 2^(E + 6) ($3, $4: the factors of bytes 0-1 and 2-3, equal within a block)
-#: giving e2m1(c) * 2^E in [2^-9, 384] (f16 normals, exact), -> e4m3 (exact: representable).
-#: The main loop of 128x128x128 (8 warps, promoted) is 346 SASS instructions a thread
-#: this way against 690 with the Triton-op widening (sm_90, Triton 3.9, nvdisasm).
+#: The widening in PTX (module doc), 4 packed bytes (8 codes) a call: $0 gets the e4m3 of
+#: the 4 low nibbles (row elements 0, 2, 4, 6), $1 of the high ones; $3 and $4 hold the f16
+#: factors of bytes 0-1 and 2-3 (equal: one block). The main loop of 128x128x128 (8 warps,
+#: promoted) is 346 SASS instructions a thread so, 690 in Triton ops (sm_90, Triton 3.9).
 _WIDEN_PTX_TEXT = """{
 .reg .b32 l, h, t, f0, f1, f2, f3;
 .reg .b16 l0, l1, h0, h1, o0, o1, o2, o3;
