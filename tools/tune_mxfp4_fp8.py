@@ -213,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model, layer, n, k in shapes():
         rows += measure_shape(args, model, layer, n, k)
-        print(f"measured {model} {layer} {n}x{k}", flush=True)
+        # a line a shape as it is done, so that a run cut short still shows what it had
+        best = choose(rows).get((n, k))
+        print(f"measured {model} {layer} {n}x{k}: best "
+              f"{f'{label(best[0])} {best[1]:.0f} TFLOP/s' if best else 'none within the bound'}",
+              flush=True)
     chosen = choose(rows)
     failed = [r for r in rows if "error" in r]
     for r in failed:
