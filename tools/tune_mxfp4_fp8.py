@@ -1,4 +1,4 @@
-"""Tune and measure the Triton fp8-MMA MXFP4 W4A8 GEMM (radiance_ar/overlap/kernels/mxfp4_fp8_gemm.py).
+"""Tune and measure the MXFP4 W4A8 GEMM on fp8 MMA (overlap/kernels/mxfp4_fp8_gemm.py).
 
 On one GPU with fp8 MMA (H100/H200), in about 2-3 minutes:
 
