@@ -2,7 +2,7 @@
 against the torch reference, and the W4A8 GEMM on fp8 MMA (mxfp4_fp8_gemm) against the
 float64 product of the dequantized operands within its stated bound, including weights
 whose block scales sit at the edges of e4m3's range (Triton's interpreter on the CPU;
-a GPU at a prefill shape).
+a GPU at a prefill shape); and the tuner's pick (tools/tune_mxfp4_fp8.py).
 
 Independent facts used: e4m3 holds 2^-9 (least subnormal) .. 448, so e2m1 values times
 2^E are all e4m3 values exactly for E in [-8, 6] (module doc of mxfp4_fp8_gemm): a column
@@ -219,3 +219,20 @@ def test_gpu_kernel_at_the_range_edges(config):
     mag = mx.dequantize_activation(xq, xs).abs() @ mx.dequantize_weight(packed, scales).abs().t()
     err = (out.double() - ref).abs()
     assert bool((err <= 2 ** -23 * ref.abs() + (k + 2) * 2 ** -24 * mag + 2 ** -149).all())
+
+
+def test_tuner_picks_the_fastest_config_within_its_bound_and_prints_pasteable_python():
+    import tune_mxfp4_fp8 as tune
+
+    fast, slow, wrong = tune.CANDIDATES[:3]
+    rows = [dict(n=4096, k=2048, m=m, config=cfg, rel_rms_err=err, err_bound=1.7e-3,
+                 tflops=tf * m)
+            for m in (1, 2) for cfg, err, tf in ((fast, 1e-3, 900.0), (slow, 1e-3, 700.0),
+                                                 (wrong, 5e-3, 1200.0))]
+    chosen = tune.choose(rows)
+    assert set(chosen) == {(4096, 2048)} and chosen[(4096, 2048)][0] == fast
+    assert chosen[(4096, 2048)][1] == pytest.approx(900.0 * 2 ** 0.5)  # geometric mean
+    scope = {}
+    exec(tune.table_text(chosen, "a GPU", "3.x", (1, 2)), {"LaunchConfig": fk.LaunchConfig},
+         scope)
+    assert scope["CONFIGS"] == {(4096, 2048): fast}
