@@ -2,6 +2,8 @@
 both bit for bit and identical on every rank; the bytes pulled are wire_bytes; a rank
 failing between two-shot's reduce-scatter and all-gather raises on every rank."""
 
+import re
+
 import pytest
 import torch
 
@@ -85,11 +87,13 @@ def test_a_rank_failing_between_the_two_phases_raises_on_every_rank(cpu_world, f
         assert r["after_resync"].get("right"), (rank, r["after_resync"])
         assert torch.equal(r["after_resync"]["out"], res[0]["after_resync"]["out"])
     # Rank 0 waits for rank 1's shard first; rank 2 for rank 0's (posted) first, then
-    # rank 1's, so it may instead find rank 0's abort word, depending on timing.
+    # rank 1's, so it may instead find rank 0's abort word, depending on timing. Rank 0 in
+    # turn may find rank 2's word first where rank 2 aborted on rank 1's before rank 0
+    # checked (seen once on a loaded 2-core machine): either names a peer that gave up.
     first, other = res[0]["faulty"], res[2]["faulty"]
     if fault == "raise":
         assert res[1]["faulty"]["error"] == "RuntimeError"
-        assert "peer rank 1 gave up" in first["message"], first
+        assert re.search(r"peer rank [12] gave up", first["message"]), first
         for f in (first, other):  # an abort word: at once, not at the bound
             assert f["error"] == "PeerAbortedError" and "gave up" in f["message"], f
             assert f["elapsed"] < BOUND_MS / 1000.0, f
