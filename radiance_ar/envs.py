@@ -335,36 +335,30 @@ def triton_interpreter(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TRITON_INTERPRET") == "1"
 
 
-def torchrun_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
-    """``LOCAL_RANK`` as torchrun sets it, or None when not launched by torchrun."""
-    env = os.environ if environ is None else environ
-    raw = env.get("LOCAL_RANK")
+def _torchrun_int(name: str, default: int | None, environ: Mapping[str, str] | None) -> int | None:
+    """The integer torchrun put in ``name``; ``default`` when it is not set."""
+    raw = (os.environ if environ is None else environ).get(name)
     if raw is None:
-        return None
+        return default
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"LOCAL_RANK={raw!r}: expected an integer (set by torchrun)") from None
+        raise ValueError(f"{name}={raw!r}: expected an integer (set by torchrun)") from None
+
+
+def torchrun_local_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """``LOCAL_RANK`` as torchrun sets it; None when not launched by torchrun."""
+    return _torchrun_int("LOCAL_RANK", None, environ)
 
 
 def torchrun_local_world_size(environ: Mapping[str, str] | None = None) -> int:
     """``LOCAL_WORLD_SIZE`` (ranks on this host) as torchrun sets it; 1 when not set."""
-    env = os.environ if environ is None else environ
-    raw = env.get("LOCAL_WORLD_SIZE", "1")
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"LOCAL_WORLD_SIZE={raw!r}: expected an integer (set by torchrun)") from None
+    return _torchrun_int("LOCAL_WORLD_SIZE", 1, environ)
 
 
 def torchrun_rank(environ: Mapping[str, str] | None = None) -> int:
     """``RANK`` (the global rank) as torchrun sets it; 0 when not launched by torchrun."""
-    env = os.environ if environ is None else environ
-    raw = env.get("RANK", "0")
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"RANK={raw!r}: expected an integer (set by torchrun)") from None
+    return _torchrun_int("RANK", 0, environ)
 
 
 #: CUDA driver settings for W emulated ranks on one GPU, each owning a stream that may park

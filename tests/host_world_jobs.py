@@ -46,7 +46,7 @@ def _settings(backend: str, min_m: int, slices: int | str, graphs: str,
 def layer_inputs(seed: int, rank: int, rows: int, cols: int, k: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rank``'s activation of ``seed`` and its weight of the layer of width ``k`` (one
-    weight per K whatever the seed: the op captures a layer's calls by its weight)."""
+    weight per K for every input draw: the op captures a layer's calls by its weight)."""
     return shard(seed, rank, rows, cols, k)[0], shard(1000 + k, rank, 1, cols, k)[1]
 
 
