@@ -82,3 +82,19 @@ def test_bad_slice_lists_stop_the_tool(slices, message, capsys):
     with pytest.raises(SystemExit) as e:
         compare_backends.parse_args(["--slices", slices])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_shape_options_pass_through_torchrun():
+    """torchrun's own parser takes ``--m`` / ``--n`` for abbreviations of its options and
+    stops; ``--rows`` / ``--cols`` / ``--inner`` reach the compare tool unchanged."""
+    from torch.distributed.run import get_args_parser
+
+    torchrun = get_args_parser()
+    tool = ["--rows", "1024,8192", "--cols", "5120", "--inner", "4352", "--slices", "1,4"]
+    passed = torchrun.parse_args(["--nproc-per-node", "2", "tools/compare_backends.py", *tool])
+    assert passed.training_script_args == tool
+    args = compare_backends.parse_args(passed.training_script_args)
+    assert (args.m, args.n, args.k, args.slices) == ([1024, 8192], 5120, 4352, [1, 4])
+    assert compare_backends.parse_args(["--m", "1024,8192"]).m == [1024, 8192]
+    with pytest.raises(SystemExit):  # the short spelling does not survive torchrun
+        torchrun.parse_args(["--nproc-per-node", "2", "tools/compare_backends.py", "--m", "8"])

@@ -71,11 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(RADIANCE_AR_BACKEND picks the op's backend inside vLLM: it is "
                         "validated here like every RADIANCE_AR_* setting, but --backends "
                         "alone chooses what is measured)")
-    p.add_argument("--m", type=int_list, default=None,
+    # --rows / --cols / --inner: the spellings torchrun passes through; it reads --m and
+    # --n as abbreviations of its own options (--max-restarts, --nnodes, ...) and stops
+    p.add_argument("--m", "--rows", dest="m", type=int_list, default=None,
                    help="rows (tokens) to measure, e.g. 2048,8192; " + _by_device("m"))
-    p.add_argument("--n", type=int, default=None,
+    p.add_argument("--n", "--cols", dest="n", type=int, default=None,
                    help="output columns N of the linear; " + _by_device("n"))
-    p.add_argument("--k", type=int, default=None,
+    p.add_argument("--k", "--inner", dest="k", type=int, default=None,
                    help="input columns K (this rank's shard); " + _by_device("k"))
     # a string default goes through type= like a typed value: "auto" becomes ["auto"]
     p.add_argument("--slices", type=slice_list, default="auto",

@@ -19,7 +19,7 @@ tests_s=$SECONDS
 # size of the targets (sdma link efficiency, contention).
 RADIANCE_AR_PEER_MEMORY=host timeout "${COMPARE_TIMEOUT_S:-75}" \
     python3 -m torch.distributed.run --nproc-per-node 2 tools/compare_backends.py --world 2 \
-    --backends sdma,oneshot_wht6 --m 8192 --reps 5 --warmup 2 --no-probe \
+    --backends sdma,oneshot_wht6 --rows 8192 --reps 5 --warmup 2 --no-probe \
     --out-dir /tmp/compare_host > "$out/compare.log" 2>&1
 compare_rc=$?
 tar czf "$out/compare.tar.gz" -C /tmp compare_host 2>/dev/null
