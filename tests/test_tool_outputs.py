@@ -34,9 +34,10 @@ def test_every_compare_option_shows_its_default(capsys):
 def test_compare_slices_default_to_auto_what_the_op_runs():
     args = compare_backends.parse_args([])
     assert args.slices == ["auto"] and args.probe_ctas == [8, 16, 32, 64]
-    cases = compare_backends.cases(compare_backends.parse_args(["--backends", "sdma"]), "cpu")
+    args = compare_backends.parse_args(["--backends", "sdma"])
+    cases = compare_backends.cases(args, "cpu")
     from radiance_ar import backends
-    assert {c.slices for c in cases} == {backends.get("sdma").preferred_slices}
+    assert {c.slices for c in cases} == {backends.get("sdma").preferred_slices_for(args.world)}
 
 
 # ------------------------------------------------------------------ overwriting

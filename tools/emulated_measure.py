@@ -94,6 +94,13 @@ def measure_emulated(case: Case, size: int, device: torch.device, op_only: bool 
         rt.close()
         if serial_rt is not None:
             serial_rt.close()
+        # Each case's runtimes capture graphs into a private pool of their own; closed,
+        # that pool's memory stays reserved until emptied (2 GiB a case at W = 4, N = 8192
+        # on the H200: 86 GiB after 84 cases). Left to grow, the allocator frees it itself
+        # on a later allocation with a device synchronization, and a synchronization while
+        # an emulated peer is parked in a device wait never returns: the 2026-12-04 tune
+        # hung so at case 346. Here no stream waits, so emptying is safe.
+        torch.cuda.empty_cache()
     return record
 
 

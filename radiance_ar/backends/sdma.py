@@ -48,12 +48,16 @@ class SdmaBackend(TransportBackend):
     rel_rms_bound = 2.0 ** -8
     peer_visible_input = True
     uses_call_streams = True
-    # Fastest op time at M = 8192 and 16384 in two runs (H200, 4 emulated ranks,
-    # tools/results/2026-12-03-h200-final-2/, -wht6-host/sdma_again/): S = 4 2.716 / 2.719
-    # ms against S = 8 2.821 / 2.796 and S = 1 3.039 / 2.969 at M = 8192; 5.331 / 5.361
-    # against 5.372 / 5.408 at M = 16384. Finer slices make 2.5 MiB copies, below the
-    # engine's full rate.
     preferred_slices = 4
+
+    @classmethod
+    def preferred_slices_for(cls, world_size: int) -> int:
+        # The H200 tune of replayed op calls (tools/results/2026-12-04-h200-tune/, emulated
+        # ranks, N = 5120 and 8192, M = 2048-16384): at W = 2, S = 4 is fastest from M =
+        # 8192 (1.971 ms against 2.018 at S = 8 and 2.252 at S = 1, N = 5120, M = 8192);
+        # at W = 4, S = 2 is fastest at every M but 12288 x 8192 (2.787 ms against 2.852
+        # at S = 4 and 3.030 at S = 1, N = 5120, M = 8192).
+        return cls.preferred_slices if world_size <= 2 else 2
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):

@@ -98,14 +98,11 @@ class SdmaWht6Backend(TransportBackend):
 
     @classmethod
     def preferred_slices_for(cls, world_size: int) -> int:
-        # Replayed op calls, H200, M = 8192, N = 5120. W = 2 (one-shot, the only schedule):
-        # 1.211 ms at S = 4 against 1.342 (S = 1) and 1.296 (S = 8); 2.322 against 2.746 and
-        # 2.392 at 16384 (tools/results/2026-12-04-h200-graphs/compare-w2.json). W = 4
-        # (two-shot per slice): 1.472 ms at S = 2 against 1.618 (S = 1), 1.701 (S = 4) and
-        # 1.928 (S = 8) (tools/results/2026-12-04-h200-replayed-schedules/).
-        if world_size == 2:
-            return 4
-        return 2 if world_size >= WHT6_TWOSHOT_MIN_WORLD else cls.preferred_slices
+        # The H200 tune of replayed op calls (tools/results/2026-12-04-h200-tune/, emulated
+        # ranks, N = 5120 and 8192, M = 2048-16384): S = 2 is fastest at 19 of 20 shapes,
+        # at W = 2 (one-shot) 1.075 ms against 1.188 (S = 4) and 1.276 (S = 1) at M = 8192,
+        # N = 5120, and at W = 4 (two-shot per slice) 1.467 against 1.692 and 1.628.
+        return 2 if world_size >= 2 else cls.preferred_slices
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):
