@@ -17,17 +17,11 @@ import dataclasses
 from typing import Callable, Hashable, Iterable
 
 from radiance_ar import backends
+from radiance_ar.overlap import tuning
 
-#: world kind -> (backend, slices) of the default arm, and why it is the base
-DEFAULTS = {
-    "gpu-emulated": (("oneshot_wht6", 1), "the spin-wait AR this project replaces, unsliced: "
-                                          "emulated ranks have no vendor collective"),
-    "gpu-host": (("oneshot_wht6", 1), "the spin-wait AR this project replaces, unsliced: "
-                                      "timed on one active rank like the others, where "
-                                      "stock (gloo, when ranks share a GPU) needs every rank"),
-    "cpu-shm": (("stock", 1), "the vendor collective, unsliced"),
-    "gpu-symm": (("stock", 1), "the vendor collective, unsliced"),
-}
+#: world kind -> (backend, slices) of the default arm, and why it is the base (one table,
+#: the package's: RADIANCE_AR_BACKEND=auto never chooses a configuration slower than it)
+DEFAULTS = tuning.BASELINE_ARMS
 
 
 def parse_arm(text: str) -> tuple[str, int]:
@@ -52,7 +46,7 @@ def default_backend(world_kind: str) -> str:
 def default_arm(world_kind: str) -> tuple[tuple[str, int], str]:
     """The default arm of ``world_kind`` and why it is the base (a world with a vendor
     collective: ``stock``)."""
-    return DEFAULTS.get(world_kind, DEFAULTS["gpu-symm"])
+    return tuning.baseline_arm(world_kind)
 
 
 def label(arm: tuple[str, int]) -> str:

@@ -18,6 +18,11 @@ producer, each with its measured op time. Its JSON::
     M* = the measured M nearest to the call's M (|log M - log M*| least; a tie: the smaller)
     choice = the row of least t_ms at M*
 
+The baseline arm (:data:`BASELINE_ARMS`: what a deployment runs without this project;
+tools/baseline.py's ``vs base``) is a candidate wherever its accuracy class is allowed,
+so ``auto`` never chooses a configuration measured slower than it. Every choice carries
+the base's time at M* (``Choice.base_ms``) and says whether the base was a candidate.
+
 Accuracy classes (``Backend.quantized``): ``exact`` backends sum the inputs' values as
 given, rounding once (stock, sdma); ``quantized`` ones carry a quantized payload, within
 their ``rel_rms_bound`` (sdma_wht6, oneshot_wht6: 2^-5). ``RADIANCE_AR_ACCURACY=exact``
@@ -50,10 +55,29 @@ VERSION = 1
 #: the table shipped with the package (RADIANCE_AR_TUNING unset)
 SHIPPED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_h200.json")
 
+#: world kind -> (backend, slices) of the baseline arm, and why it is the base: ``stock``
+#: unsliced where a vendor collective exists; the emulated and gpu-host worlds have none
+#: that times like the others, so the spin-wait backend this project replaces, unsliced
+BASELINE_ARMS = {
+    "gpu-emulated": (("oneshot_wht6", 1), "the spin-wait AR this project replaces, unsliced: "
+                                          "emulated ranks have no vendor collective"),
+    "gpu-host": (("oneshot_wht6", 1), "the spin-wait AR this project replaces, unsliced: "
+                                      "timed on one active rank like the others, where "
+                                      "stock (gloo, when ranks share a GPU) needs every rank"),
+    "cpu-shm": (("stock", 1), "the vendor collective, unsliced"),
+    "gpu-symm": (("stock", 1), "the vendor collective, unsliced"),
+}
+
 _HEADER_KEYS = {"device": str, "runtime": str, "world": str, "measured_at": str,
                 "command": str, "rows": list}
 _ROW_KEYS = {"backend": str, "W": int, "N": int, "M": int, "producer": str, "slices": int,
              "plan": str, "t_ms": (int, float), "correct": bool}
+
+
+def baseline_arm(world_kind: str) -> tuple[tuple[str, int], str]:
+    """The baseline arm of ``world_kind`` and why it is the base (:data:`BASELINE_ARMS`;
+    a world kind not listed has a vendor collective: ``stock``)."""
+    return BASELINE_ARMS.get(world_kind, BASELINE_ARMS["gpu-symm"])
 
 
 def accuracy_class(backend: str) -> str:
@@ -66,6 +90,11 @@ def allowed_classes(accuracy: str) -> tuple[str, ...]:
     if accuracy not in ACCURACY_CLASSES:
         raise ValueError(f"accuracy {accuracy!r}: expected one of {', '.join(ACCURACY_CLASSES)}")
     return ACCURACY_CLASSES[:ACCURACY_CLASSES.index(accuracy) + 1]
+
+
+def cut_label(slices: int, plan: str) -> str:
+    """``unsliced`` or ``S=4 growing``: how a configuration cuts the call."""
+    return "unsliced" if slices == 1 else f"S={slices} {plan}".strip()
 
 
 @dataclass(frozen=True)
@@ -92,8 +121,7 @@ class Row:
 
     def label(self) -> str:
         sched = f" {self.schedule}" if self.schedule else ""
-        cut = "unsliced" if self.slices == 1 else f"S={self.slices} {self.plan}"
-        return f"{self.backend}{sched} {cut}"
+        return f"{self.backend}{sched} {cut_label(self.slices, self.plan)}"
 
 
 @dataclass(frozen=True)
@@ -108,6 +136,13 @@ class Choice:
     measured_m: int
     t_ms: float
     reason: str
+    #: the baseline arm (``backend unsliced``) and its time at ``measured_m`` (None: the
+    #: table did not measure it there)
+    base: str = ""
+    base_ms: float | None = None
+
+    def label(self) -> str:
+        return f"{self.backend} {cut_label(self.slices, self.plan)}"
 
 
 @dataclass(frozen=True)
@@ -234,10 +269,25 @@ def choose(table: TuningTable, W: int, N: int, M: int, producer: str, accuracy: 
     at = _nearest(sorted({r.M for r in pool}), M)
     here = [r for r in pool if r.M == at]
     best = min(here, key=lambda r: (r.t_ms, r.backend, r.slices, r.plan))
+    arm = baseline_arm(table.world)[0]
+    base_label = f"{arm[0]} {cut_label(arm[1], '')}".strip()
+    base = next((r for r in table.rows if (r.W, r.N, r.producer, r.M) == (W, N, producer, at)
+                 and (r.backend, r.slices) == arm and r.correct), None)
+    # the rule "never slower than the base" holds because the base is one of the candidates
+    assert base is None or base not in here or best.t_ms <= base.t_ms
     where = f"M = {at}" if at == M else f"M = {at}, the nearest measured to {M}"
     reason = (f"fastest {accuracy if accuracy == 'exact' else 'exact or quantized'} of "
               f"{len(here)} measured at {where} (W = {W}, N = {N}): {best.t_ms:.3f} ms")
-    return Choice(best.backend, best.slices, best.plan, best.schedule, at, best.t_ms, reason)
+    if base is None:
+        reason += f"; the base ({base_label}) was not measured there"
+    else:
+        reason += f"; the base ({base_label}) {base.t_ms:.3f} ms, {base.t_ms / best.t_ms:.2f}x"
+        if base.accuracy not in classes:
+            reason += f" (not a candidate: {base.accuracy})"
+        elif base not in here:
+            reason += " (not a candidate: not usable in this world)"
+    return Choice(best.backend, best.slices, best.plan, best.schedule, at, best.t_ms, reason,
+                  base_label, None if base is None else base.t_ms)
 
 
 def measured_choices(table: TuningTable, W: int, N: int, producer: str, accuracy: str,
