@@ -18,6 +18,14 @@ Calls below ``RADIANCE_AR_OVERLAP_MIN_M`` take the decode path on the auto runti
 choice is the same on every rank) and kept: at most one per distinct configuration in
 the table. Children share the parent's layer numbers and scratch buffers; one call runs
 at a time (the parent's lock).
+
+Emulated ranks (one host thread drives every rank in order) build nothing inside a call:
+rank 0's agreement call parks its stream on rank 1's flag before rank 1's call is even
+enqueued, and building a child then (a backend's buffers, kernel loads, streams, a GEMM
+shape's first launch) may synchronize the device, which waits forever on that parked
+stream (the H200 session of 2026-12-04 hung so). There :meth:`AutoChoices.prepare` must
+run for every rank and every call shape first (``EmulatedRanks.prepare``), and a call
+whose child was not prepared raises ``ValueError`` before it enqueues anything.
 """
 
 from __future__ import annotations
@@ -76,6 +84,8 @@ class AutoChoices:
         self._choices: dict[tuple[int, int, str], tuning.Choice] = {}
         self._children: dict[tuple[str, int, str], "OverlapRuntime"] = {}
         self._agreed = False
+        #: the agreement call's row (allocated before any call: emulated ranks' rule 1)
+        self._agree_row: torch.Tensor | None = None
 
     def choice(self, rows: int, cols: int, producer: str) -> tuning.Choice:
         """:func:`tuning.choose` for this world, cached per (M, N, producer)."""
@@ -94,8 +104,8 @@ class AutoChoices:
             self.agree_through_group()
             self._agreed = True
             return
-        one = torch.zeros(1, _AGREE_COLS, dtype=torch.float32, device=self.world.device)
-        backend.ensure_capacity(1, _AGREE_COLS, one.dtype)
+        one = self._grow_agreement(backend)
+        one.zero_()
         backend.set_call_key(0, 0, 0)
         try:
             backend.all_reduce(one, one)
@@ -147,29 +157,60 @@ class AutoChoices:
                     producer: str) -> "OverlapRuntime":
         """The child runtime of this call's choice (built on first use: collective), after
         the agreement call: ranks whose tables differ would build different backends, and
-        a backend's construction is collective too (emulated ranks: :meth:`prepare`).
+        a backend's construction is collective too. Emulated ranks: the child must have
+        been prepared (module doc); checked before the agreement call is enqueued.
         Below ``min_m`` the parent itself: the decode path (GEMM, then the vendor
         all-reduce) chooses nothing, builds nothing and may run inside CUDA-graph capture."""
         if rows < self.settings.min_m:
             return parent
+        choice = self.choice(rows, cols, producer)
+        if self.world.emulated and _key(choice) not in self._children:
+            raise ValueError(
+                f"RADIANCE_AR_BACKEND=auto, emulated rank {self.world.rank}: a call of {rows} x "
+                f"{cols} ({producer}) chooses {choice.backend} S={choice.slices} {choice.plan}, "
+                "whose runtime was not prepared; call rt.auto.prepare(rt, x, weight, "
+                "weight_scale, producer) on every rank (EmulatedRanks.prepare) before the first "
+                "call of each shape: built inside a call, it could synchronize the device while "
+                "a peer's stream is parked (module doc)")
         self.agree(parent)
-        return self._child(parent, self.choice(rows, cols, producer))
+        return self._child(parent, choice)
 
-    def prepare(self, parent: "OverlapRuntime", rows: int, cols: int, dtype: torch.dtype,
-                producer: str) -> "OverlapRuntime":
-        """Collective, no call made: build the child runtime of a call of ``rows`` x ``cols``
-        and grow its backend and the contract backend. Emulated ranks must do this for
-        every rank before any rank's stream can park on a flag (the agreement call's
-        included: radiance_ar/harness/emulated.py, rule 1). Returns the child."""
+    def prepare(self, parent: "OverlapRuntime", x: torch.Tensor, weight: torch.Tensor,
+                weight_scale: torch.Tensor | None, producer: str) -> "OverlapRuntime":
+        """Collective, no call made: everything the first call of ``x`` against ``weight``
+        would build, built now (emulated ranks must do this for every rank before any
+        rank's stream can park on a flag, the agreement call's included:
+        radiance_ar/harness/emulated.py, rule 1): the choice's child runtime, its backend
+        and the contract backend grown (their kernels loaded), the child's streams, and
+        the GEMM of every slice shape of the call launched once. Returns the child (the
+        parent below ``min_m``: the decode path builds nothing)."""
+        from radiance_ar.overlap import producers
+        from radiance_ar.overlap.slicing import op_bounds
+
+        rows, cols = x.shape[0], weight.shape[0]
+        if rows < self.settings.min_m:
+            return parent
         child = self._child(parent, self.choice(rows, cols, producer))
-        child.backend.ensure_capacity(rows, cols, dtype)
-        parent.backend.ensure_capacity(1, _AGREE_COLS, torch.float32)
+        child.backend.ensure_capacity(rows, cols, x.dtype)
+        self._grow_agreement(parent.backend)
+        child.lanes()
+        prod = producers.get(producer)
+        bounds = op_bounds(child.settings, child.backend, rows, prod.slice_row_align)
+        prod.warm_up(x, weight, weight_scale, bounds, child.scratch)
         return child
+
+    def _grow_agreement(self, backend) -> torch.Tensor:
+        """The agreement call's row, and the contract backend grown for it."""
+        if self._agree_row is None:
+            self._agree_row = torch.zeros(1, _AGREE_COLS, dtype=torch.float32,
+                                          device=self.world.device)
+        backend.ensure_capacity(1, _AGREE_COLS, self._agree_row.dtype)
+        return self._agree_row
 
     def _child(self, parent: "OverlapRuntime", c: tuning.Choice) -> "OverlapRuntime":
         from radiance_ar.overlap.runtime import OverlapRuntime
 
-        key = (c.backend, c.slices, c.plan)
+        key = _key(c)
         if key not in self._children:
             settings = dataclasses.replace(self.settings, backend=c.backend, slices=c.slices,
                                            plan=c.plan)
@@ -183,6 +224,11 @@ class AutoChoices:
         for child in self._children.values():
             child.close()
         self._children.clear()
+
+
+def _key(c: tuning.Choice) -> tuple[str, int, str]:
+    """A child runtime's key: what a choice configures (one child per configuration)."""
+    return (c.backend, c.slices, c.plan)
 
 
 def build_auto(world: "World", settings: OverlapSettings) -> "OverlapRuntime":

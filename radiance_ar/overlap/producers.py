@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from radiance_ar.overlap.scratch import ScratchPool
+from radiance_ar.streams import current_stream_handle
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -65,6 +66,18 @@ class Producer(abc.ABC):
     @abc.abstractmethod
     def launch(self, p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
         """Write rows ``a:b`` of the product into ``out`` (``b - a`` rows) on ``stream``."""
+
+    def warm_up(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+                bounds: Sequence[int], scratch: ScratchPool) -> None:
+        """Launch every slice shape of ``bounds`` once on the current stream: the GEMM
+        library picks (and may load or compile) a kernel per shape, and ``prepare`` grows
+        the scratch, now. Emulated ranks must do this before any rank's stream can park
+        on a flag (radiance_ar/harness/emulated.py, rule 1)."""
+        p = self.prepare(x, weight, weight_scale, scratch)
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        handle = current_stream_handle(x.device)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            self.launch(p, a, b, out[a:b], handle)
 
 
 class TorchMM(Producer):
