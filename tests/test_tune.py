@@ -75,3 +75,40 @@ def test_the_shipped_table_is_reproduced_by_the_committed_results(tmp_path):
     again = json.load(open(out))
     assert {k: v for k, v in again.items() if k != "command"} == \
         {k: v for k, v in shipped.items() if k != "command"}
+
+
+def test_resume_keeps_the_rows_a_run_wrote_and_measures_only_the_rest(tmp_path):
+    """A run cut short (here: one M) and resumed with more M values: the first run's rows
+    are kept as they were, and only the cases the file lacks are measured."""
+    out = str(tmp_path / "t.json")
+    common = ("--world", "2", "--n", "256", "--k", "64", "--backends", "sdma", "--slices", "1",
+              "--reps", "2", "--warmup", "1", "--out", out)
+    assert tune("--m", "64", *common).returncode == 0
+    first = json.load(open(out))["rows"]
+    r = tune("--m", "64,128", "--resume", *common)
+    assert r.returncode == 0, r.stderr
+    assert "--resume: 2 rows kept" in r.stderr and "2 cases left" in r.stderr
+    t = json.load(open(out))
+    assert t["rows"][:2] == first and "2 rows kept from an earlier run" in t["note"]
+    assert sorted((x["backend"], x["M"]) for x in t["rows"]) == \
+        [("sdma", 64), ("sdma", 128), ("stock", 64), ("stock", 128)]
+
+
+def test_the_markdown_summary_is_the_choice_of_each_class_against_the_base():
+    """--summary FILE --markdown: the README's table, one line per tuned shape, each cell
+    what tuning.choose says, under the file's device, runtime, date and command."""
+    r = tune("--summary", tuning.SHIPPED_PATH, "--markdown")
+    assert r.returncode == 0, r.stderr
+    t = tuning.shipped()
+    lines = r.stdout.splitlines()
+    assert lines[0] == (f"Measured on {t.device} ({t.world}; {t.runtime}) at {t.measured_at}: "
+                        f"`{t.command}`")
+    body = [x for x in lines if x.startswith("| ") and not x.startswith("| W ")]
+    shapes = sorted({(x.W, x.N, x.M) for x in t.rows})
+    assert len(body) == len(shapes)
+    for line, (W, N, M) in zip(body, shapes):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        ex, q = (tuning.choose(t, W, N, M, "bf16", a) for a in ("exact", "quantized"))
+        assert cells == [str(W), str(N), str(M), "bf16", ex.label(), f"{ex.t_ms:.3f}",
+                         f"{ex.base_ms / ex.t_ms:.2f}x", q.label(), f"{q.t_ms:.3f}",
+                         f"{q.base_ms / q.t_ms:.2f}x", ex.base, f"{ex.base_ms:.3f}"]

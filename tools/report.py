@@ -108,6 +108,16 @@ def table(records: Iterable[dict], columns: Sequence[tuple[str, str, str]] = COL
     return "\n".join(lines)
 
 
+def markdown_table(records: Iterable[dict],
+                   columns: Sequence[tuple[str, str, str]] = COLUMNS) -> str:
+    """:func:`table`'s cells as a Markdown pipe table (the README's tables)."""
+    rows = [[title for title, _, _ in columns]]
+    rows += [[cell(r, key, fmt) for _, key, fmt in columns] for r in records]
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("---" for _ in columns) + "|")
+    return "\n".join(lines)
+
+
 def write_json(path: str, header: dict, records: list[dict]) -> None:
     with open(path, "w") as f:
         json.dump({"mode": header, "records": records}, f, indent=1)

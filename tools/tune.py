@@ -10,6 +10,7 @@ float64 reference, then timed), and keeps per case the op's time. The baseline a
 
   python tools/tune.py --world 2 --m 2048,8192 --out tuning.json     # emulated on a GPU
   python tools/tune.py --from-compare compare.json ... --out t.json  # from compare runs
+  python tools/tune.py --summary t.json --markdown                   # the README's table
 
 Every other option is compare_backends' (tools/compare_args.py: --world, --mode, --m,
 --k, --backends, --slices, --plans, --producer, --reps, --warmup), with tune's defaults
@@ -17,8 +18,10 @@ for --m (the chunk sizes a server sees, below), --slices 1,2,4,8 and --plans
 uniform,growing. On a GPU the emulated world's cases time the op alone
 (``emulated_measure.measure_emulated(op_only=True)``: one active rank, passive peers).
 
-The file is rewritten after every case, so an interrupt (Ctrl-C) or ``--max-minutes``
-keeps everything measured so far. A CPU world runs for correctness only: its times mean
+The file is rewritten before and after every case, so an interrupt (Ctrl-C),
+``--max-minutes`` or a kill keeps everything measured so far, and a run killed inside a
+case that never returns (the first H200 tune hung at case 346 of 420) leaves a note
+naming that case; ``--resume`` then measures only what the file lacks. A CPU world runs for correctness only: its times mean
 nothing, and the file says so in its ``note``. The summary last: per (W, N, M) what
 ``auto`` chooses for each accuracy class, its time and the baseline's.
 """
@@ -29,13 +32,13 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import shlex
 import sys
 import time
 
 import torch
 
-import baseline
 import compare_backends
 import producer_inputs
 from compare_args import int_list, parse_args as compare_parse_args
@@ -56,7 +59,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     """(tune's own options, the compare_backends options the rest of the line names)."""
     p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="the tuning file to write")
+    p.add_argument("--out", help="the tuning file to write")
+    p.add_argument("--summary", metavar="FILE", default=None,
+                   help="measure nothing: print what auto chooses from the tuning file FILE")
+    p.add_argument("--markdown", action="store_true",
+                   help="with --summary: as the README's Markdown table, with its provenance")
     p.add_argument("--n", type=int_list, default=None,
                    help="output columns N, comma-separated; default compare_backends' N")
     p.add_argument("--producers", default=None,
@@ -68,9 +75,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
                         "kept); default no limit")
     p.add_argument("--from-compare", nargs="+", default=None, metavar="JSON",
                    help="write the file from compare_backends JSON files instead of measuring")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows --out already holds (a run cut short or hung) and "
+                        "measure only the cases it lacks")
     p.add_argument("--note", default="",
                    help="a line the file keeps in its note (e.g. a setting the runs forced)")
     own, rest = p.parse_known_args(argv)
+    if own.summary is None and own.out is None:
+        p.error("--out FILE is required (or --summary FILE)")
+    if own.markdown and own.summary is None:
+        p.error("--markdown goes with --summary FILE")
     own.producers = None if own.producers is None else [x for x in own.producers.split(",") if x]
     for name in own.producers or []:
         if name not in producer_inputs.known():
@@ -92,6 +106,24 @@ def rows_of(records: list[dict]) -> list[dict]:
             for r in records if r.get("correct") and r.get("t_ovl_ms")]
 
 
+def row_key(row: dict) -> tuple:
+    """What one case measures: a row of a resumed file and a case to run match by it."""
+    return tuple(row[k] for k in ("backend", "W", "N", "M", "producer", "slices", "plan"))
+
+
+def resumed_rows(path: str) -> list[dict]:
+    """``--resume``: the rows of the tuning file at ``path`` (none if it does not exist;
+    ``ValueError`` naming it if it is not a tuning file: a resume never guesses)."""
+    try:
+        tuning.load(path)
+    except ValueError:
+        if not os.path.exists(path):
+            return []
+        raise
+    with open(path) as f:
+        return json.load(f)["rows"]
+
+
 def header_of(hdr: dict, command: str, note: str = "") -> dict:
     """A tuning file's header from a compare_backends header."""
     runtime = f"torch {hdr['torch']}, cuda {hdr['cuda']}, hip {hdr['hip']}"
@@ -102,32 +134,37 @@ def header_of(hdr: dict, command: str, note: str = "") -> dict:
             "measured_at": hdr["date"], "command": command, "note": note}
 
 
-def summary(table: tuning.TuningTable) -> str:
-    """Per (W, N, M, producer): what auto chooses for each accuracy class, and the base."""
-    lines = [f"# tuning file {table.path}: {table.device}, {table.world}, {table.measured_at}"]
-    if table.note:
-        lines.append(f"# note: {table.note}")
-    base_name = baseline.default_arm(table.world)[0]
+def summary(table: tuning.TuningTable, markdown: bool = False) -> str:
+    """Per (W, N, M, producer): what auto chooses for each accuracy class, its time and
+    the baseline arm's (``tuning.choose``, which carries the base). ``markdown``: the
+    README's table (a pipe table under the file's provenance) instead of the console's."""
     out = []
     for W, N, M, producer in sorted({(r.W, r.N, r.M, r.producer) for r in table.rows}):
-        base = [r for r in table.rows if (r.W, r.N, r.M, r.producer) == (W, N, M, producer)
-                and (r.backend, r.slices) == base_name]
-        row = {"W": W, "N": N, "M": M, "producer": producer, "base": baseline.label(base_name),
-               "base ms": base[0].t_ms if base else None}
+        row = {"W": W, "N": N, "M": M, "producer": producer}
         for acc in ACCURACY_CLASSES:
             try:
                 c = tuning.choose(table, W, N, M, producer, acc)
-                row[acc] = f"{c.backend} {'unsliced' if c.slices == 1 else f'S={c.slices} {c.plan}'}"
-                row[f"{acc} ms"] = c.t_ms
-                row[f"{acc} vs base"] = base[0].t_ms / c.t_ms if base else None
             except ValueError:
                 row[acc] = "(none measured)"
+                continue
+            row.update({acc: c.label(), f"{acc} ms": c.t_ms, "base": c.base,
+                        "base ms": c.base_ms,
+                        f"{acc} vs base": None if c.base_ms is None else c.base_ms / c.t_ms})
         out.append(row)
     cols = [("W", "W", "{}"), ("N", "N", "{}"), ("M", "M", "{}"), ("producer", "producer", "{}")]
     for acc in ACCURACY_CLASSES:
         cols += [(acc, acc, "{}"), ("ms", f"{acc} ms", "{:.3f}"),
                  ("vs base", f"{acc} vs base", "{:.2f}x")]
     cols += [("base", "base", "{}"), ("base ms", "base ms", "{:.3f}")]
+    if markdown:
+        lines = [f"Measured on {table.device} ({table.world}; {table.runtime}) at "
+                 f"{table.measured_at}: `{table.command}`"]
+        if table.note:
+            lines.append(f"Note: {table.note}")
+        return "\n".join(lines + ["", report.markdown_table(out, cols)])
+    lines = [f"# tuning file {table.path}: {table.device}, {table.world}, {table.measured_at}"]
+    if table.note:
+        lines.append(f"# note: {table.note}")
     return "\n".join(lines + [report.table(out, cols)])
 
 
@@ -177,16 +214,37 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
     pools: dict = {}
     probes: dict = {}
     head = header_of(hdr, command, own.note)
+    kept = resumed_rows(own.out) if own.resume else []
+    done = {row_key(r) for r in kept}
+    todo = [(size, c) for size, c in todo if row_key(
+        {"backend": c.backend, "W": size, "N": c.cols, "M": c.rows, "producer": c.producer,
+         "slices": c.slices, "plan": c.plan}) not in done]
+    if kept:
+        head["note"] = (f"{head['note']} " if head["note"] else "") + (
+            f"{len(kept)} rows kept from an earlier run of this file (--resume).")
+        print(f"tune: --resume: {len(kept)} rows kept from {own.out}, {len(todo)} cases left",
+              file=sys.stderr)
     records, start, stopped = [], time.monotonic(), None
+
+    def write(running: str) -> None:
+        """The file as measured so far; ``running``: the case now running, said in the
+        note, so a run killed in a case that never returns (a hang) names it."""
+        rows = kept + rows_of(records)
+        if rows:
+            note = (f"{head['note']} " if head["note"] else "") + running
+            tuning.dump(own.out, {**head, "note": note.strip()}, rows)
+
     try:
         for i, (size, case) in enumerate(todo, 1):
             if own.max_minutes is not None and time.monotonic() - start > 60 * own.max_minutes:
                 stopped = f"--max-minutes {own.max_minutes:g} reached after {i - 1} of {len(todo)} cases"
                 break
-            progress(i, len(todo), case.label() + f" W={size} N={case.cols}", start)
+            label = case.label() + f" W={size} N={case.cols}"
+            progress(i, len(todo), label, start)
+            write(f"INCOMPLETE: case {i} of {len(todo)} ({label}) was running when this was "
+                  "written; tools/tune.py --resume measures the rest")
             records.append(run(size, case))
-            if rows_of(records):
-                tuning.dump(own.out, head, rows_of(records))
+            write("")
     except KeyboardInterrupt:
         stopped = f"interrupted after {len(records)} of {len(todo)} cases"
     finally:
@@ -201,7 +259,7 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
     for r in wrong:
         print(f"WRONG {r['backend']} M={r['M']} S={r['slices']}: rel rms {r['rel_rms_err']:.2e} -- "
               "not timed, not in the file")
-    if not rows_of(records):
+    if not kept + rows_of(records):
         print("tune: nothing was measured correct; no file written", file=sys.stderr)
         return 1
     print(summary(tuning.load(own.out)))
@@ -232,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, args = parse_args(argv)
     command = shlex.join(["tune.py"] + argv)
+    if own.summary is not None:
+        try:
+            print(summary(tuning.load(own.summary), own.markdown))
+        except ValueError as e:
+            print(f"tune: {e}", file=sys.stderr)
+            return 2
+        return 0
     problem = report.unwritable_reason(own.out, False)
     if problem is not None:
         print(f"tune: cannot write {own.out}: {problem}", file=sys.stderr)
