@@ -60,34 +60,57 @@ def tuned(tmp_path_factory) -> str:
     return out
 
 
-def test_the_op_under_auto_is_right_on_every_rank(tuned):
-    rows = M_VALUES[0]
+@pytest.mark.parametrize("source, size, rows", [("tuned", W, M_VALUES[0]),
+                                               ("shipped", 4, 2048)])
+def test_the_op_under_auto_is_right_on_every_rank(tuned, source, size, rows):
+    """Every emulated rank prepared (EmulatedRanks.prepare: rule 1), then two calls of the
+    shape on every rank (the second replays or captures): each right against float64 and
+    the same bits on every rank. ``shipped``: no RADIANCE_AR_TUNING, W = 4."""
+    path = tuned if source == "tuned" else ""
+    table = tuning.load(path) if path else tuning.shipped()
     for accuracy in ACCURACY_CLASSES:
-        ranks = EmulatedRanks(W, DEV)
-        rts = [overlap.build(w, auto_settings(tuned, accuracy)) for w in ranks.worlds]
-        shards = world_jobs.device_shards(5, W, rows, N, K, DEV)
+        ranks = EmulatedRanks(size, DEV)
+        rts = [overlap.build(w, auto_settings(path, accuracy)) for w in ranks.worlds]
+        calls = [world_jobs.device_shards(seed, size, rows, N, K, DEV) for seed in (5, 6)]
         # rule 1: every rank's child built, grown and its GEMM shapes loaded before any call
-        ranks.prepare(lambda r: rts[r].auto.prepare(rts[r], *shards[r], None, "bf16"))
-        poison_allocator((rows, N), DEV)
-        outs = ranks.each(lambda r: overlap.forward(rts[r], *shards[r], None, "bf16"))
+        ranks.prepare(lambda r: rts[r].auto.prepare(rts[r], *calls[0][r], None, "bf16"))
         children = [rt.for_call(rows, N, "bf16") for rt in rts]
-        for child in children:
-            child.backend.check(2000.0)
-        torch.cuda.synchronize(DEV)
-        child = children[0]
-        assert child.settings.backend == tuning.choose(tuning.load(tuned), W, N, rows, "bf16",
-                                                       accuracy).backend
-        ref = world_jobs.reference(5, W, rows, N, K)
-        for rank, out in enumerate(outs):
-            assert bool(torch.isfinite(out).all()), rank
-            assert world_jobs.rel_rms(out, ref) <= child.backend.rel_rms_bound, (accuracy, rank)
-            assert torch.equal(out, outs[0]), rank
+        want = tuning.choose(table, size, N, rows, "bf16", accuracy)
+        assert (children[0].settings.backend, children[0].settings.slices,
+                children[0].settings.plan) == (want.backend, want.slices, want.plan)
+        for seed, shards in zip((5, 6), calls):
+            poison_allocator((rows, N), DEV)
+            outs = ranks.each(lambda r: overlap.forward(rts[r], *shards[r], None, "bf16"))
+            for child in children:
+                child.backend.check(2000.0)
+            torch.cuda.synchronize(DEV)
+            ref = world_jobs.reference(seed, size, rows, N, K)
+            for rank, out in enumerate(outs):
+                assert bool(torch.isfinite(out).all()), (accuracy, seed, rank)
+                assert world_jobs.rel_rms(out, ref) <= children[0].backend.rel_rms_bound, \
+                    (accuracy, seed, rank)
+                assert torch.equal(out, outs[0]), (accuracy, seed, rank)
         for rt in rts:
             rt.close()
         # closed runtimes' graph pools stay reserved until emptied; emptied later by the
         # allocator, with a device sync while a peer is parked, they would hang the next
         # calls (tools/emulated_measure.py). No stream waits here.
         torch.cuda.empty_cache()
+
+
+def test_an_unprepared_emulated_call_raises_before_it_enqueues_anything():
+    """Without prepare, rank 0's call refuses (ValueError) instead of parking its stream
+    and building a child while its peer may be parked; nothing was enqueued, so the
+    device synchronizes at once."""
+    ranks = EmulatedRanks(W, DEV)
+    rts = [overlap.build(w, auto_settings("", "exact")) for w in ranks.worlds]
+    x, w = world_jobs.device_shards(7, W, 2048, N, K, DEV)[0]
+    with pytest.raises(ValueError, match="not prepared"):
+        with ranks.on(0):
+            overlap.forward(rts[0], x, w, None, "bf16")
+    torch.cuda.synchronize(DEV)
+    for rt in rts:
+        rt.close()
 
 
 def time_auto(path: str, accuracy: str, rows: int) -> tuple[float, float, str]:
