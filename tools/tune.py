@@ -22,8 +22,9 @@ The file is rewritten before and after every case, so an interrupt (Ctrl-C),
 ``--max-minutes`` or a kill keeps everything measured so far, and a run killed inside a
 case that never returns (the first H200 tune hung at case 346 of 420) leaves a note
 naming that case; ``--resume`` then measures only what the file lacks. A CPU world runs
-for correctness only: its times mean nothing, and the file says so in its ``note``. The summary last: per (W, N, M) what
-``auto`` chooses for each accuracy class, its time and the baseline's.
+for correctness only: its times mean nothing, and the file says so in its ``note``. The
+summary last: per (W, N, M) what ``auto`` chooses for each accuracy class, its time and
+the baseline's (``--summary FILE --markdown``: the same as the README's table).
 """
 
 from __future__ import annotations
