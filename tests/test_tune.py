@@ -112,3 +112,28 @@ def test_the_markdown_summary_is_the_choice_of_each_class_against_the_base():
         assert cells == [str(W), str(N), str(M), "bf16", ex.label(), f"{ex.t_ms:.3f}",
                          f"{ex.base_ms / ex.t_ms:.2f}x", q.label(), f"{q.t_ms:.3f}",
                          f"{q.base_ms / q.t_ms:.2f}x", ex.base, f"{ex.base_ms:.3f}"]
+
+
+def test_a_case_over_the_case_timeout_exits_3_naming_it():
+    """The watchdog of a case that never returns (a hung emulated case): exit 3 with the
+    case named, from whatever the main thread is stuck in."""
+    code = ("import time, tune; tune.case_watchdog(0.2, 'sdma_wht6 M=4096 S=2 growing W=4', "
+            "'t.json'); time.sleep(30)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tools")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "sdma_wht6 M=4096 S=2 growing W=4 still running after --case-timeout 0.2 s" in r.stderr
+
+
+def test_a_run_stopped_in_a_case_leaves_a_file_naming_it(tmp_path):
+    """A CPU case over --case-timeout raises in the pool; the file written before the case
+    holds what was measured before it and names the case that was running."""
+    out = str(tmp_path / "t.json")
+    common = ("--world", "2", "--n", "256", "--k", "64", "--backends", "sdma", "--slices", "1",
+              "--reps", "2", "--warmup", "1", "--out", out)
+    assert tune("--m", "64", *common).returncode == 0
+    r = tune("--m", "64,128", "--resume", "--case-timeout", "0.001", *common)
+    assert r.returncode != 0
+    t = tuning.load(out)
+    assert len(t.rows) == 2 and "INCOMPLETE: case 1 of 2 (sdma M=128" in t.note, t.note

@@ -36,6 +36,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 
 import torch
@@ -76,6 +77,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
                         "kept); default no limit")
     p.add_argument("--from-compare", nargs="+", default=None, metavar="JSON",
                    help="write the file from compare_backends JSON files instead of measuring")
+    p.add_argument("--case-timeout", type=float, default=None, metavar="S",
+                   help="a case still running after S seconds is a hang: exit 3, the file "
+                        "naming it (the H200's cases take ~0.6 s; 60 is ample); default none")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows --out already holds (a run cut short or hung) and "
                         "measure only the cases it lacks")
@@ -169,6 +173,27 @@ def summary(table: tuning.TuningTable, markdown: bool = False) -> str:
     return "\n".join(lines + [report.table(out, cols)])
 
 
+#: the exit status of a run stopped by --case-timeout
+HUNG_RC = 3
+
+
+def case_watchdog(seconds: float, label: str, out: str) -> threading.Timer:
+    """Started before a case, cancelled after it: a case still running after ``seconds``
+    is taken for a hang (an emulated peer parked in a device wait never returns, and
+    nothing in this process can wake it), so the run exits with :data:`HUNG_RC`; the
+    file, written before the case, holds every case before it and names this one."""
+    def give_up() -> None:
+        print(f"\ntune: {label} still running after --case-timeout {seconds:g} s (hung?); "
+              f"{out} holds the cases before it and names it; exiting with {HUNG_RC}",
+              file=sys.stderr, flush=True)
+        os._exit(HUNG_RC)
+
+    dog = threading.Timer(seconds, give_up)
+    dog.daemon = True
+    dog.start()
+    return dog
+
+
 def progress(i: int, total: int, label: str, start: float) -> None:
     """``[####....] i/total label, elapsed, ETA`` on stderr (ETA: the mean case so far)."""
     elapsed = time.monotonic() - start
@@ -211,7 +236,8 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
         def run(size, case):
             if size not in pools:
                 pools[size] = CpuWorldPool(size)
-            return pools[size].run(compare_backends.run_case, case)[0]
+            return pools[size].run(compare_backends.run_case, case,
+                                   timeout_s=own.case_timeout or 300.0)[0]
     pools: dict = {}
     probes: dict = {}
     head = header_of(hdr, command, own.note)
@@ -244,7 +270,13 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
             progress(i, len(todo), label, start)
             write(f"INCOMPLETE: case {i} of {len(todo)} ({label}) was running when this was "
                   "written; tools/tune.py --resume measures the rest")
+            # one process drives every emulated rank: a hung case never returns (the CPU
+            # world's pool raises after --case-timeout itself)
+            dog = case_watchdog(own.case_timeout, label, own.out) if gpu and own.case_timeout \
+                else None
             records.append(run(size, case))
+            if dog is not None:
+                dog.cancel()
             write("")
     except KeyboardInterrupt:
         stopped = f"interrupted after {len(records)} of {len(todo)} cases"
