@@ -64,17 +64,23 @@ def tuned(tmp_path_factory) -> str:
                                                ("shipped", 4, 2048)])
 def test_the_op_under_auto_is_right_on_every_rank(tuned, source, size, rows):
     """Every emulated rank prepared (EmulatedRanks.prepare: rule 1), then two calls of the
-    shape on every rank (the second replays or captures): each right against float64 and
-    the same bits on every rank. ``shipped``: no RADIANCE_AR_TUNING, W = 4."""
+    shape on every rank (the second after the agreement, with new inputs): each right
+    against float64 and the same bits on every rank. ``shipped``: no RADIANCE_AR_TUNING,
+    W = 4 (the shipped table's rows)."""
     path = tuned if source == "tuned" else ""
     table = tuning.load(path) if path else tuning.shipped()
     for accuracy in ACCURACY_CLASSES:
         ranks = EmulatedRanks(size, DEV)
         rts = [overlap.build(w, auto_settings(path, accuracy)) for w in ranks.worlds]
         calls = [world_jobs.device_shards(seed, size, rows, N, K, DEV) for seed in (5, 6)]
+        children = [None] * size
+
+        def prepare(r: int) -> None:
+            children[r] = rts[r].auto.prepare(rts[r], *calls[0][r], None, "bf16")
+
         # rule 1: every rank's child built, grown and its GEMM shapes loaded before any call
-        ranks.prepare(lambda r: rts[r].auto.prepare(rts[r], *calls[0][r], None, "bf16"))
-        children = [rt.for_call(rows, N, "bf16") for rt in rts]
+        # (not rt.for_call here: its agreement call would park the caller's stream)
+        ranks.prepare(prepare)
         want = tuning.choose(table, size, N, rows, "bf16", accuracy)
         assert (children[0].settings.backend, children[0].settings.slices,
                 children[0].settings.plan) == (want.backend, want.slices, want.plan)
