@@ -166,5 +166,6 @@ def test_the_op_under_auto_reproduces_the_best_measured_row(tuned):
               f"{r['auto_ms']:8.3f} {r['ratio']:6.3f} {r['vs_base']:6.2f}x")
     for r in records:
         assert r["ratio"] <= TOLERANCE, r
-        if r["accuracy"] == "quantized":  # the base (spin-wait, quantized) is a candidate
-            assert r["auto_ms"] <= r["base_ms"] * TOLERANCE, r
+        # never slower than the base: a candidate of the quantized class; the exact choice
+        # beat it by 5-20% at every shape of the full H200 tune (the shipped table)
+        assert r["auto_ms"] <= r["base_ms"] * TOLERANCE, r
