@@ -98,3 +98,21 @@ def test_shape_options_pass_through_torchrun():
     assert compare_backends.parse_args(["--m", "1024,8192"]).m == [1024, 8192]
     with pytest.raises(SystemExit):  # the short spelling does not survive torchrun
         torchrun.parse_args(["--nproc-per-node", "2", "tools/compare_backends.py", "--m", "8"])
+
+
+def test_the_plot_compares_every_row_with_the_base_arm_where_records_have_it():
+    """A third panel: vs_base against M, one line per (backend, slicing), titled with the
+    arm; records without vs_base keep two panels."""
+    pytest.importorskip("matplotlib")
+    records = [{"backend": b, "M": m, "slices": s, "speedup": 1.1, "contention": 1.02,
+                "vs_base": v * m / 8192}
+               for m in (8192, 16384) for b, s, v in (("sdma", 4, 1.1), ("sdma_wht6", 2, 1.9))]
+    fig = report.figure("t", records, base_arm="oneshot_wht6 unsliced (the spin-wait AR)")
+    assert len(fig.axes) == 3
+    third = fig.axes[2]
+    assert "oneshot_wht6 unsliced" in third.get_title()
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in third.get_lines()
+             if not ln.get_label().startswith("_")}
+    assert lines == {"sdma S=4": [1.1, 2.2], "sdma_wht6 S=2": [1.9, 3.8]}
+    assert len(report.figure("t", [{k: v for k, v in r.items() if k != "vs_base"}
+                                   for r in records]).axes) == 2

@@ -208,7 +208,8 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     if not args.no_png:
         png = os.path.join(args.out_dir, "compare.png")
         report.write_png(png, f"{hdr['label']} -- {hdr['device']} -- {hdr['date']}",
-                         [r for r in records if "skipped" not in r], baseline_of(hdr))
+                         [r for r in records if "skipped" not in r], baseline_of(hdr),
+                         hdr.get("vs_base"))
         written.append(png)
     if timelines:
         written += timeline.write_all(args.out_dir, hdr, timelines, png=not args.no_png)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write_csv(os.path.join(args.out_dir, "compare.csv"), records)
     report.write_png(os.path.join(args.out_dir, "compare.png"),
                      f"{header['label']} -- {header['device']} -- {header['date'][:10]}", records,
-                     baseline_of(header))
+                     baseline_of(header), header.get("vs_base"))
     print(report.table(records))
     return 0
 

@@ -158,56 +158,66 @@ CPU_PLOT_NOTE = "CPU run: timings were not measured (they need a GPU)"
 
 
 def write_png(path: str, title: str, records: list[dict],
-              baseline: str = "stock (GEMM then AR)") -> None:
+              baseline: str = "stock (GEMM then AR)", base_arm: str | None = None) -> None:
     """:func:`figure`, saved to ``path``."""
-    fig = figure(title, records, baseline)
+    fig = figure(title, records, baseline, base_arm)
     import matplotlib.pyplot as plt  # after figure() chose the backend
 
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def figure(title: str, records: list[dict], baseline: str = "stock (GEMM then AR)"):
-    """(a) speedup vs M per backend, (b) contention per backend and M; for a CPU run
-    (records without timings) (a) the accuracy and (b) the wire bytes instead."""
+def figure(title: str, records: list[dict], baseline: str = "stock (GEMM then AR)",
+           base_arm: str | None = None):
+    """(a) speedup vs M per backend, (b) contention per backend and M, and where the
+    records carry ``vs_base`` (c) every row against the one baseline arm ``base_arm``
+    (rows of different backends compare there, not in (a)); for a CPU run (records
+    without timings) (a) the accuracy and (b) the wire bytes instead."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    if records and all("timings" in r for r in records):
+    timed = not (records and all("timings" in r for r in records))
+    vs_base = timed and any(r.get("vs_base") is not None for r in records)
+    fig, axes = plt.subplots(1, 3 if vs_base else 2, figsize=(17 if vs_base else 12, 4.5))
+    left, right = axes[0], axes[1]
+    if not timed:
         _accuracy(left, records)
         grouped_bars(right, records, "wire_bytes", 2 ** -20)
         right.set(ylabel="MiB this rank sends per op call", title="wire bytes")
         title = f"{title}\n{CPU_PLOT_NOTE}; shown: accuracy and wire bytes"
     else:
-        _speedup(left, records, baseline)
+        _per_m_lines(left, records, "speedup", "speedup (serial / overlapped)",
+                     f"speedup vs {baseline}")
         _contention(right, records)
+    if vs_base:
+        _per_m_lines(axes[2], records, "vs_base", "base op time / row op time",
+                     f"every row vs {base_arm or 'the base arm'}")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
 
 
-def _speedup(ax, records: list[dict], baseline: str) -> None:
-    timed = [r for r in records if r.get("speedup") is not None]
+def _per_m_lines(ax, records: list[dict], key: str, ylabel: str, title: str) -> None:
+    """``key`` against M, one line per (backend, slicing); a grey line at 1."""
+    timed = [r for r in records if r.get(key) is not None]
     for name in dict.fromkeys(r["backend"] for r in timed):
         for cut in sorted({slicing(r) for r in timed if r["backend"] == name}):
-            pts = sorted((r["M"], r["speedup"]) for r in timed
+            pts = sorted((r["M"], r[key]) for r in timed
                          if r["backend"] == name and slicing(r) == cut)
             ax.plot(*zip(*pts), marker="o", label=f"{name} {slicing_label(cut)}")
     if timed:
         sizes_m = sorted({r["M"] for r in timed})
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xscale="log", xlabel="M (rows)", ylabel="speedup (serial / overlapped)",
-               title=f"speedup vs {baseline}")
+        ax.set(xscale="log", xlabel="M (rows)", ylabel=ylabel, title=title)
         ax.set_xticks(sizes_m, [str(m) for m in sizes_m])  # no 3x10^2-style ticks
         ax.minorticks_off()
         ax.legend(fontsize=7)
     else:
-        ax.text(0.5, 0.5, "speedup is measured on GPU worlds only", ha="center",
+        ax.text(0.5, 0.5, f"{key} is measured on GPU worlds only", ha="center",
                 transform=ax.transAxes)
-        ax.set(title="speedup")
+        ax.set(title=title)
 
 
 def _contention(ax, records: list[dict]) -> None:
