@@ -147,8 +147,11 @@ class SharedFileMemory(PeerMemory):
             except Exception as e:  # noqa: BLE001 -- every rank must hear of it
                 error = e
         try:
-            #: every rank's process id: the ranks share this host (:meth:`dead_peers`)
-            self.pids: list[int] = self._agree(os.getpid(), error)
+            pids = self._agree(os.getpid(), error)
+            #: the peers' process ids that this process sees running now (:meth:`dead_peers`);
+            #: a peer in another pid namespace (another container) is left out, not dead
+            self.watched: dict[int, int] = {r: pid for r, pid in enumerate(pids)
+                                            if r != self.rank and _alive(pid)}
         except BaseException:
             self.close()
             raise
@@ -208,7 +211,7 @@ class SharedFileMemory(PeerMemory):
         dist.barrier(group=self.group)
 
     def dead_peers(self) -> list[int]:
-        return [r for r, pid in enumerate(self.pids) if r != self.rank and not _alive(pid)]
+        return [r for r, pid in self.watched.items() if not _alive(pid)]
 
     def close(self) -> None:
         """Rank 0 removes the job directory (and anything a crash left there); the other
