@@ -56,7 +56,8 @@ def _call(rt: overlap.OverlapRuntime, world: World, rows: int, k: int, seed: int
         return {"error": type(e).__name__, "message": str(e),
                 "seconds": time.monotonic() - start}
     if peers_rows is not None and peers_rows != rows:
-        return {"rel": float("inf")}  # a result where the ranks disagree is wrong by definition
+        # a result where the ranks disagree is wrong by definition
+        return {"rel": float("inf"), "bound": rt.backend.rel_rms_bound}
     ref = reference(seed, world.size, rows, N, k)
     return {"rel": rel_rms(out, ref), "bound": rt.backend.rel_rms_bound, "out": out, "ref": ref}
 

@@ -349,3 +349,29 @@ def test_a_bad_environment_value_stops_code_settings_too(name, raw):
 def test_reconcile_takes_overlap_settings():
     with pytest.raises(TypeError, match="settings must be an OverlapSettings, got BackendSettings"):
         reconcile(envs.BackendSettings(), {})
+
+
+#: a valid value of every knob, each other than its default where one exists (the tuning
+#: file: empty, the shipped table, since a path must load)
+EVERY_KNOB_SET = {
+    "RADIANCE_AR_OVERLAP": "1", "RADIANCE_AR_BACKEND": "sdma", "RADIANCE_AR_TUNING": "",
+    "RADIANCE_AR_ACCURACY": "quantized", "RADIANCE_AR_OVERLAP_MIN_M": "64",
+    "RADIANCE_AR_OVERLAP_SLICES": "8", "RADIANCE_AR_OVERLAP_PLAN": "growing",
+    "RADIANCE_AR_OP_GRAPHS": "off", "RADIANCE_AR_OP_GRAPHS_MAX": "8",
+    "RADIANCE_AR_PEER_MEMORY": "host", "RADIANCE_AR_SPIN_TIMEOUT_MS": "250",
+    "RADIANCE_AR_SDMA_SCHEDULE": "twoshot", "RADIANCE_AR_ONESHOT_CTAS": "36",
+    "RADIANCE_AR_SDMA_REDUCE_CTAS": "64", "RADIANCE_AR_SDMA_CALL_STREAMS": "1",
+}
+
+
+def test_reconcile_takes_every_knob_set_in_the_environment(warnings_of_reconcile):
+    # the torchrun compare of the gpu-host world (RADIANCE_AR_PEER_MEMORY=host) stopped on
+    # every rank with KeyError in reconcile: a knob the op's settings do not carry
+    assert set(EVERY_KNOB_SET) == set(envs.KNOBS)
+    assert reconcile(CODE, EVERY_KNOB_SET) is CODE
+    reported = warnings_of_reconcile()
+    assert not any("RADIANCE_AR_PEER_MEMORY" in w for w in reported), reported
+    # every op and backend knob but two differs from CODE's value (CODE is enabled and
+    # uses the shipped tuning table)
+    same = {"RADIANCE_AR_OVERLAP", "RADIANCE_AR_TUNING", "RADIANCE_AR_PEER_MEMORY"}
+    assert sorted(w.split("=")[0] for w in reported) == sorted(set(envs.KNOBS) - same)

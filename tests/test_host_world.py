@@ -152,15 +152,21 @@ def test_registered_host_memory_in_real_processes():
         assert not o["dir_after_close"], r
 
 
-def test_a_killed_peer_raises_on_the_survivor_within_the_bound_and_leaves_nothing():
-    """The CPU world's half of the killed-peer contract (the GPU's: test_host_world_gpu)."""
-    with CpuWorldPool(2) as pool:
-        res = pool.run(misuse_jobs.killed_peer_job, "sdma", 200.0, dying=(1,), timeout_s=120)
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_killed_peer_is_named_dead_on_every_survivor_within_the_bound_and_leaves_nothing(size):
+    """The CPU world's half of the killed-peer contract (the GPU's: test_host_world_gpu).
+    At W = 4 the survivors also wait on each other, and one that gave up sets its abort
+    word: every survivor must still name the dead rank, not a live one that waited."""
+    with CpuWorldPool(size) as pool:
+        res = pool.run(misuse_jobs.killed_peer_job, "sdma", 200.0, dying=(size - 1,),
+                       timeout_s=120)
         assert pool.closed
-    assert res[1] is None
-    (call,) = res[0]["calls"]
-    assert call["error"] == "PeerTimeoutError" and call["seconds"] < 2.0, call
-    assert "peer rank 1" in call["message"], call
+    assert res[-1] is None
+    for rank, r in enumerate(res[:-1]):
+        (call,) = r["calls"]
+        assert call["error"] == "PeerTimeoutError" and call["seconds"] < 2.0, (rank, call)
+        assert f"peer rank {size - 1} is dead (the process has exited)" in call["message"], (
+            rank, call)
     assert not os.path.exists(res[0]["dir"])
 
 

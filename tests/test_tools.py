@@ -323,6 +323,21 @@ def test_cpu_world_run_checks_results_and_reports_no_timings(tmp_path, capsys):
     assert not (out / "timeline.json").exists()
 
 
+def test_cpu_world_run_with_every_knob_set_in_the_environment(tmp_path, monkeypatch):
+    # The gpu-host torchrun compare (RADIANCE_AR_PEER_MEMORY=host) stopped on every rank in
+    # reconcile, which the tool's code-given settings go through: a knob the op's settings
+    # do not carry. The same path in the CPU world, every knob set (tests/test_config.py).
+    from test_config import EVERY_KNOB_SET
+
+    for name, value in EVERY_KNOB_SET.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "res"
+    assert compare_backends.main(["--mode", "cpu", "--world", "2", "--quick", "--m", "64",
+                                  "--backends", "sdma", "--out-dir", str(out), "--no-png"]) == 0
+    records = json.loads((out / "compare.json").read_text())["records"]
+    assert "sdma" in [r["backend"] for r in records] and all(r["correct"] for r in records), records
+
+
 # ----------------------------------------------------------- --producer
 
 def test_producer_choices_are_the_registered_producers(capsys):

@@ -58,6 +58,7 @@ import baseline
 import model_shapes
 import prefill_measure
 import prefill_report
+from compare_backends import torchrun_device
 import report
 from radiance_ar import envs
 from radiance_ar.overlap import config as overlap_config
@@ -214,6 +215,8 @@ def print_header(hdr: dict) -> None:
           f"producer {hdr['producer']}; per rank (n, k): "
           + ", ".join(f"{k} {v}" for k, v in s.items()))
     print(f"# torch {hdr['torch']}, cuda {hdr['cuda']}, hip {hdr['hip']}, {hdr['date']}")
+    if "timing_note" in hdr:
+        print(f"# timing note: {hdr['timing_note']}")
     print(f"# command: {hdr['command']}", flush=True)
 
 
@@ -222,18 +225,29 @@ def run_torchrun(args, spec: prefill_measure.Spec) -> tuple[dict, list[dict]] | 
 
     from radiance_ar.transport.world import from_process_group
 
-    local = envs.torchrun_local_rank()
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    device, shared = torchrun_device()
+    torch.cuda.set_device(device)
+    if shared:  # NCCL refuses two ranks on one GPU; the host collective serves them
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=device)
     try:
-        world = from_process_group(device=torch.device("cuda", local))
+        world = from_process_group(device=device)
         if world.size != spec.shapes.tp:
             raise ValueError(f"torchrun started {world.size} ranks but the model runs at TP "
                              f"{spec.shapes.tp}: pass --tp {world.size} or start {spec.shapes.tp}")
-        hdr = header(args, spec, world.kind, world.label, torch.cuda.get_device_name(local))
+        hdr = header(args, spec, world.kind, world.label, torch.cuda.get_device_name(device))
+        if shared:
+            # A whole prefill timed by one active rank would need passive peers for every
+            # op call of the stack (compare_backends times one op call that way); not built.
+            hdr["timing_note"] = (f"{envs.torchrun_local_world_size()} ranks share "
+                                  f"{torch.cuda.device_count()} GPU(s): every arm verified "
+                                  "with every rank active, none timed (ranks time-slice the "
+                                  "GPU); time a prefill in the emulated world or one GPU per "
+                                  "rank")
         if world.rank == 0:
             print_header(hdr)
-        records = prefill_measure.process_world_job(world, spec)
+        records = prefill_measure.process_world_job(world, spec, timed=not shared)
     finally:
         dist.destroy_process_group()
     return (hdr, records) if world.rank == 0 else None

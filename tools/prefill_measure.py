@@ -258,10 +258,11 @@ def _verify_process(world: World, spec: Spec, model: ShardModel, chunks, rt,
     return rec, out
 
 
-def process_world_job(world: World, spec: Spec) -> list[dict]:
+def process_world_job(world: World, spec: Spec, timed: bool = True) -> list[dict]:
     """Collective, on every rank of a CPU or torchrun world: the off arm (stock), then an
-    on arm per backend of ``spec.backends`` that serves the world. Timed on GPUs only."""
-    gpu = world.device.type == "cuda"
+    on arm per backend of ``spec.backends`` that serves the world. Timed on GPUs only, and
+    only where ``timed`` (ranks sharing one GPU time-slice each other's kernels)."""
+    gpu = world.device.type == "cuda" and timed
     before = world.memory.barrier
     model, chunks = spec.model(world.rank, world.device), spec.chunks(world.device)
     base = {"world": world.kind, "W": world.size, "tokens": spec.tokens,

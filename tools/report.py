@@ -25,7 +25,10 @@ COLUMNS: Sequence[tuple[str, str, str]] = (
     ("contention", "contention", "contention"), ("slice us", "slice_overhead_us", "{:.1f}"),
     ("wire MiB", "wire_bytes", "mib"), ("bus GB/s", "bus_gbs", "{:.1f}"),
     ("link GB/s", "link_gbs", "{:.1f}"), ("link eff", "link_efficiency", "{:.2f}"),
-    ("rel rms", "rel_rms_err", "{:.1e}"), ("ok", "correct", "ok"),
+    ("rel rms", "rel_rms_err", "{:.1e}"),
+    # host time of one op call (the calling process's enqueue work), the world's figure
+    # that emulated ranks (one thread for all) and processes compare
+    ("host us", "t_ovl_host_ms", "us"), ("ok", "correct", "ok"),
 )
 
 
@@ -35,6 +38,8 @@ def cell(record: dict, key: str, fmt: str) -> str:
         return "-"
     if fmt == "mib":
         return f"{value / 2 ** 20:.1f}"
+    if fmt == "us":
+        return f"{value * 1000:.0f}"
     if fmt == "ok":
         return "yes" if value else "WRONG"
     if fmt == "contention":

@@ -57,7 +57,8 @@ from radiance_ar.buffers import grown_size, refuse_growth_in_capture
 from radiance_ar.backends.registry import register
 from radiance_ar.call_contract import CollectiveMismatchError, FaultState
 from radiance_ar.backends.kernels import oneshot_wht6 as kernel
-from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, PeerTimeoutError
+from radiance_ar.transport.signals import (FLAG_BYTES, CpuSignals, PeerTimeoutError,
+                                           dead_peers_error)
 from radiance_ar.transport.world import KINDS, MAX_WORLD, World
 
 
@@ -333,12 +334,16 @@ class OneshotWht6Backend(Backend):
         after = ("The kernel carried on, so that call's output is garbage; call resync() on "
                  "every rank before the next call")
         if kind == 2:
-            error: Exception = CollectiveMismatchError(
+            error: Exception | None = CollectiveMismatchError(
                 f"rank {self.world.rank}: peer rank {peer} posted call (epoch) {epoch} of "
                 "oneshot_wht6 all_reduce with another signature (rows, cols, dtype, or the "
                 "linear's M and K), or is in another call: every rank must make the same calls "
                 f"with the same shapes. {after}")
         else:
+            # a dead process named before a live peer that waits on it (gpu-host)
+            error = dead_peers_error(self.world.rank, self.world.memory.dead_peers(),
+                                     f"call (epoch) {epoch} of oneshot_wht6 all_reduce")
+        if error is None:
             error = PeerTimeoutError(
                 f"rank {self.world.rank}: peer rank {peer} did not post its flag for call "
                 f"(epoch) {epoch} of oneshot_wht6 all_reduce within {self.timeout_ms:.0f} ms "

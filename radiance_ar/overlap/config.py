@@ -79,6 +79,13 @@ KNOB_OF = {
     "accuracy": "RADIANCE_AR_ACCURACY",
 }
 
+#: Knobs that are not the op's: read where their thing is built, not by OverlapSettings.
+#: reconcile parses them (a bad value still stops start-up) but has no code value to
+#: compare them with.
+NOT_OP_KNOBS = {
+    "RADIANCE_AR_PEER_MEMORY": "the world's (radiance_ar/transport/world.py)",
+}
+
 
 def check_tuning(path: str) -> None:
     """RADIANCE_AR_TUNING, where set, names a tuning file that loads (a typo or a stale
@@ -120,7 +127,8 @@ def reconcile(settings: OverlapSettings,
 
     The code's values win. Every knob set in the environment is still parsed, so a bad
     value raises ``ValueError`` naming it, as it does when the settings come from the
-    environment; one whose value differs from the code's is reported once, as a warning
+    environment (also the knobs that are not the op's, :data:`NOT_OP_KNOBS`, which have
+    no code value to compare with); one whose value differs from the code's is reported once, as a warning
     on the ``radiance_ar`` logger naming the variable, its value and the code's value.
     """
     if not isinstance(settings, OverlapSettings):
@@ -138,7 +146,10 @@ def reconcile(settings: OverlapSettings,
         code["RADIANCE_AR_BACKEND"] = ("backend", settings.backend
                                        if settings.backend == envs.AUTO_BACKEND
                                        else backends.get(settings.backend).name)
+    assert set(code) | set(NOT_OP_KNOBS) == set(envs.KNOBS), "a knob neither op's nor world's"
     for name, value in given.items():
+        if name in NOT_OP_KNOBS:
+            continue
         where, code_value = code[name]
         key = (name, repr(value), repr(code_value))
         if value != code_value and key not in _reported:

@@ -104,9 +104,11 @@ class CopyTransport:
         self.signals: Signals | None = None
         if size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
-            self.signals = (CpuSignals(flags, world.rank, size, timeout_ms, owner)
+            dead = world.memory.dead_peers
+            self.signals = (CpuSignals(flags, world.rank, size, timeout_ms, owner, dead)
                             if platform(world.device) == "cpu" else
-                            GpuSignals(flags, world.rank, size, timeout_ms, self.engine, owner))
+                            GpuSignals(flags, world.rank, size, timeout_ms, self.engine, owner,
+                                       dead))
             if isinstance(self.signals, GpuSignals):
                 self.signals.attach_inbox(world.memory.allocate("sdma.inbox", inbox_bytes(size)))
         #: the peers in pull order: from the next rank on, so the W ranks do not all pull

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -40,14 +40,17 @@ class GpuSignals(Signals):
     _replayed: list[Awaited] = []
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
-                 engine: CopyEngine, owner: str = "signals"):
-        super().__init__(flags, rank, size, timeout_ms, owner)
+                 engine: CopyEngine, owner: str = "signals",
+                 dead_peers: Callable[[], list[int]] | None = None):
+        super().__init__(flags, rank, size, timeout_ms, owner, dead_peers)
         self.engine = engine
         self._addr = [engine.device_address(flags.peer(r)) for r in range(size)]
         self._events: list[torch.cuda.Event] = []
         self._last_event: torch.cuda.Event | None = None
         # (peer, slot, epoch, value, what) of the waits enqueued since the last check
         self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
+        #: the last call a check found complete (a peer's abort of a later one: see check)
+        self._checked_epoch = 0
 
     # ------------------------------------------------------------------ tokens (graphs)
 
@@ -180,12 +183,36 @@ class GpuSignals(Signals):
             if waited_ms > bound:
                 error = (self._diagnose_tokens(waited_ms) if self._replayed
                          else self._diagnose(waited_ms))
-                self._drain()
+                # the abort word first: the release below also satisfies the same waits of
+                # other peers (W >= 3), which must find it when their stream completes
                 self.fail(error)
+                self._drain()
                 raise error
             time.sleep(5e-5)
         self._awaited.clear()
         self._replayed = []
+        self._raise_if_released_by_a_peer()
+
+    def _raise_if_released_by_a_peer(self) -> None:
+        """The calls since the last check completed; raise if a peer gave up on one of
+        them meanwhile: its release of its own stream writes the flag values IT awaited,
+        which can be the very values this rank's stream awaited from a third rank (W >= 3,
+        ranks that disagree on M, a dead rank), so the completion says nothing and the
+        results are garbage. Host-visible flags only (a device word: only the peer's own
+        stream writes it)."""
+        first, last = self._checked_epoch, self.epoch
+        self._checked_epoch = last
+        if not self._host_visible or first == last:
+            return
+        for peer in range(self.size):
+            if peer != self.rank and peer not in self._passive \
+                    and first < self._read(peer, _HEADER["abort"]) <= last:
+                error = self.dead_error("a call") or PeerAbortedError(
+                    self._aborted_message(peer, "a call this rank completed")
+                    + " (its release of its own stream may have completed this rank's; the "
+                    "results of that call are garbage)")
+                self.fail(error)
+                raise error
 
     def release(self) -> None:
         """Write every value a wait enqueued since the last :meth:`check` awaits (host-visible
@@ -236,15 +263,18 @@ class GpuSignals(Signals):
     def _diagnose(self, waited_ms: float) -> Exception:
         """The error a call that did not finish within the bound raises: who is missing
         (a peer that gave up, one in another call, or one that never posted)."""
+        released = (" The blocked stream was released by writing the awaited flag values "
+                    "(so the GPU is not left hung); results of that call are garbage."
+                    if self._host_visible else "")
         stuck = [a for a in self._awaited if not self._satisfied(*a[:4])]
+        dead = self.dead_error(stuck[0][4] if stuck else "a call")
+        if dead is not None:  # named before a live peer that waits on it
+            return type(dead)(str(dead) + released)
         if not stuck:
             return PeerTimeoutError(
                 f"rank {self.rank}: the stream did not finish within {waited_ms:.0f} ms although "
                 "every awaited peer flag is up: the GPU is busy or hung, not waiting on a peer")
         peer, slot, epoch, value, what = stuck[0]
-        released = (" The blocked stream was released by writing the awaited flag values "
-                    "(so the GPU is not left hung); results of that call are garbage."
-                    if self._host_visible else "")
         if self._host_visible and self._read(peer, _HEADER["abort"]):
             return PeerAbortedError(self._aborted_message(peer, what) + released)
         if slot != "done" and self._host_visible and self._read(peer, _HEADER["epoch"]) >= epoch \
@@ -267,6 +297,9 @@ class GpuSignals(Signals):
         released = (" The blocked stream was released by writing the awaited tokens (so the "
                     "GPU is not left hung); results of that call are garbage."
                     if self._host_visible else "")
+        dead = self.dead_error("a replayed op call")
+        if dead is not None:
+            return type(dead)(str(dead) + released)
         for a in self._replayed:
             seen = self.inbox.read(a.index)
             if seen not in (None, 0, a.value):

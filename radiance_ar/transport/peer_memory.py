@@ -92,6 +92,11 @@ class PeerMemory(abc.ABC):
         """Release what outlives the buffers (files, directories); buffers stay valid."""
         return None
 
+    def dead_peers(self) -> list[int]:
+        """The ranks whose process has exited, where this world can know it (processes of
+        one host); else none. A diagnosis names them before any peer that waits on them."""
+        return []
+
 
 class SharedFileMemory(PeerMemory):
     """CPU processes of one gloo group; buffers are ``/dev/shm`` files mapped by all ranks.
@@ -142,7 +147,11 @@ class SharedFileMemory(PeerMemory):
             except Exception as e:  # noqa: BLE001 -- every rank must hear of it
                 error = e
         try:
-            self._agree(None, error)
+            pids = self._agree(os.getpid(), error)
+            #: the peers' process ids that this process sees running now (:meth:`dead_peers`);
+            #: a peer in another pid namespace (another container) is left out, not dead
+            self.watched: dict[int, int] = {r: pid for r, pid in enumerate(pids)
+                                            if r != self.rank and _alive(pid)}
         except BaseException:
             self.close()
             raise
@@ -201,6 +210,9 @@ class SharedFileMemory(PeerMemory):
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
+    def dead_peers(self) -> list[int]:
+        return [r for r, pid in self.watched.items() if not _alive(pid)]
+
     def close(self) -> None:
         """Rank 0 removes the job directory (and anything a crash left there); the other
         ranks have nothing left, their files being unlinked when each allocation ends.
@@ -208,6 +220,25 @@ class SharedFileMemory(PeerMemory):
         self._dir = None
         if self._finalizer is not None:
             self._finalizer()
+
+
+#: the kernel's PF_EXITING task flag (include/linux/sched.h): set as a process starts to
+#: exit, before its files close; a killed GPU process can take longer than a spin bound
+#: to tear its context down, and must read as dead meanwhile
+_PF_EXITING = 0x4
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs: it exists, is not exiting and is
+    not a zombie (a killed rank stays one until its launcher reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # fields after the command name, which is in parentheses and may hold spaces:
+            # state, ppid, pgrp, session, tty, tpgid, flags, ...
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    return fields[0] not in ("Z", "X") and not int(fields[6]) & _PF_EXITING
 
 
 _FILE_NAME = re.compile(r"[0-9a-f]{32}")

@@ -87,13 +87,15 @@ class Signals(abc.ABC):
     """One rank's view of every rank's flags, plus the call (epoch) counter."""
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
-                 owner: str = "signals"):
+                 owner: str = "signals", dead_peers: Callable[[], list[int]] | None = None):
         if flags.nbytes < FLAG_BYTES:
             raise ValueError(f"signals: flag buffer of {flags.nbytes} B, need {FLAG_BYTES}")
         if not timeout_ms > 0:
             raise ValueError(f"signals: timeout_ms must be > 0, got {timeout_ms}")
         self.flags, self.rank, self.size, self.timeout_ms = flags, rank, size, timeout_ms
         self.owner = owner
+        #: the peers whose process has exited (PeerMemory.dead_peers; None: unknowable)
+        self.dead_peers = dead_peers if dead_peers is not None else list
         self.epoch = 0
         self.vendor_calls = 0
         self.faults = FaultState(owner)
@@ -285,10 +287,27 @@ class Signals(abc.ABC):
                 "make the same collective calls with the same shapes and paths; call resync() "
                 "on every rank before the next call")
 
+    def dead_error(self, what: str) -> PeerTimeoutError | None:
+        """The error naming the peers whose process has exited, if any: the cause to name
+        before a live peer that waits on them (or gave up waiting)."""
+        return dead_peers_error(self.rank, self.dead_peers(), f"call (epoch) {self.epoch} of "
+                                f"{what}")
+
     def _aborted_message(self, peer: int, what: str) -> str:
         return (f"rank {self.rank}: peer rank {peer} gave up on call (epoch) "
                 f"{self._read(peer, _HEADER['abort'])} during {what} (its abort word is set), "
                 "so this call cannot complete; call resync() on every rank before the next call")
+
+
+def dead_peers_error(rank: int, dead: list[int], during: str) -> PeerTimeoutError | None:
+    """``rank``'s error naming the ``dead`` peers (processes that exited), or None."""
+    if not dead:
+        return None
+    many = len(dead) > 1
+    return PeerTimeoutError(
+        f"rank {rank}: peer rank{'s' if many else ''} {', '.join(map(str, dead))} "
+        f"{'are' if many else 'is'} dead (the process has exited) during {during}; no later "
+        "call can complete: restart the job")
 
 
 class CpuSignals(Signals):
@@ -309,7 +328,7 @@ class CpuSignals(Signals):
             seen = int(words[i])
             ok = seen >= want if slot == "done" else seen == want
             if words[_HEADER["abort"]]:
-                raise PeerAbortedError(self._aborted_message(peer, what))
+                raise self.dead_error(what) or PeerAbortedError(self._aborted_message(peer, what))
             if ok:
                 return
             if slot != "done" and seen != NO_TAG and tag_epoch(seen) >= epoch:
@@ -318,7 +337,7 @@ class CpuSignals(Signals):
                 raise CollectiveMismatchError(self._mismatch_message(peer, slot, epoch, what))
             now = time.monotonic()
             if now > deadline:
-                raise PeerTimeoutError(self._timeout_message(
+                raise self.dead_error(what) or PeerTimeoutError(self._timeout_message(
                     peer, slot, epoch, seen, what, (now - start) * 1000.0))
             # Back off: W ranks may share fewer cores than W; a hot spin would starve
             # the very peer it waits for.
