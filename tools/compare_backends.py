@@ -253,15 +253,7 @@ def output_paths(args: argparse.Namespace) -> list[str]:
 def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
     import torch.distributed as dist
 
-    from radiance_ar.transport.world import from_process_group
-
-    device, shared = torchrun_device()
-    torch.cuda.set_device(device)
-    if shared:  # NCCL refuses two ranks on one GPU; the host collective serves them
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("nccl", device_id=device)
-    world = from_process_group(device=device)
+    world, device, shared = start_torchrun_world()
     hdr = header(world.kind, world.label, world.size, torch.cuda.get_device_name(device))
     hdr["peer_memory_reason"] = world.memory_reason
     if shared:
@@ -286,6 +278,23 @@ def torchrun_device() -> tuple[torch.device, bool]:
     gpus = torch.cuda.device_count()
     device = torch.device("cuda", envs.torchrun_local_rank() % gpus)
     return device, envs.torchrun_local_world_size() > gpus
+
+
+def start_torchrun_world() -> tuple[World, torch.device, bool]:
+    """This torchrun rank's world, GPU and whether ranks share GPUs: the process group
+    (NCCL, or gloo where ranks share a GPU: NCCL refuses two ranks on one GPU and the host
+    collective serves them) and the world over it."""
+    import torch.distributed as dist
+
+    from radiance_ar.transport.world import from_process_group
+
+    device, shared = torchrun_device()
+    torch.cuda.set_device(device)
+    if shared:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=device)
+    return from_process_group(device=device), device, shared
 
 
 def run_emulated(args: argparse.Namespace) -> tuple[dict, list[dict]]:

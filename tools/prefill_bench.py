@@ -58,7 +58,7 @@ import baseline
 import model_shapes
 import prefill_measure
 import prefill_report
-from compare_backends import torchrun_device
+from compare_backends import start_torchrun_world
 import report
 from radiance_ar import envs
 from radiance_ar.overlap import config as overlap_config
@@ -223,16 +223,8 @@ def print_header(hdr: dict) -> None:
 def run_torchrun(args, spec: prefill_measure.Spec) -> tuple[dict, list[dict]] | None:
     import torch.distributed as dist
 
-    from radiance_ar.transport.world import from_process_group
-
-    device, shared = torchrun_device()
-    torch.cuda.set_device(device)
-    if shared:  # NCCL refuses two ranks on one GPU; the host collective serves them
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("nccl", device_id=device)
+    world, device, shared = start_torchrun_world()
     try:
-        world = from_process_group(device=device)
         if world.size != spec.shapes.tp:
             raise ValueError(f"torchrun started {world.size} ranks but the model runs at TP "
                              f"{spec.shapes.tp}: pass --tp {world.size} or start {spec.shapes.tp}")
