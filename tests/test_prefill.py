@@ -277,6 +277,19 @@ def test_gpu_report_from_synthetic_records(tmp_path):
         assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+
+def test_the_prefill_plot_marks_each_arm_against_its_off_arm_and_the_base():
+    pytest.importorskip("matplotlib")
+    hdr = {"world": "gpu-emulated", "emulated": True, "label": "1 GPU, 4 emulated ranks",
+           "device": "H200", "date": "today", "model": {"name": "llama-3.1-70b"}, "tp": 4,
+           "layers": 4, "tokens": 16384, "chunk": 8192, "chunk_rows": [8192, 8192],
+           "vs_base": "the oneshot_wht6 off arm"}
+    records = [dict(timed_record("off", "sdma", 200.0, ar_share=0.5), vs_base=1.2),
+               dict(timed_record("on", "sdma", 160.0, speedup=1.25), vs_base=1.5)]
+    left = prefill_report.figure(hdr, records).axes[0]
+    assert [t.get_text() for t in left.texts] == ["1.200x base", "1.250x\n1.500x base"]
+    assert "vs the oneshot_wht6 off arm" in left.get_title()
+
 # ----------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu

@@ -161,7 +161,7 @@ def figure(hdr: dict, records: list[dict]):
                 "stack_rel_rms_vs_off", "stack_bound", "stack output vs the off arm's")
         title += f"\n{report.CPU_PLOT_NOTE}; shown: each arm's errors against their bounds"
     elif timed:
-        _throughput(left, right, timed)
+        _throughput(left, right, timed, hdr.get("vs_base"))
     else:
         for ax in (left, right):
             ax.text(0.5, 0.5, "no arm was timed", ha="center", transform=ax.transAxes)
@@ -174,16 +174,19 @@ def _labels(records: list[dict]) -> list[str]:
     return [f"{r['backend']}\n{r['arm']}" for r in records]
 
 
-def _throughput(ax_rate, ax_parts, timed: list[dict]) -> None:
+def _throughput(ax_rate, ax_parts, timed: list[dict], base_arm: str | None = None) -> None:
     labels = _labels(timed)
     bars = ax_rate.bar(labels, [r["tokens_per_s"] for r in timed],
                        color=["#999999" if r["arm"] == "off" else "#3070b0" for r in timed])
     for bar, r in zip(bars, timed):
-        if r.get("speedup") is not None:
-            ax_rate.annotate(f"{r['speedup']:.3f}x", (bar.get_x() + bar.get_width() / 2,
-                                                     bar.get_height()),
-                             ha="center", va="bottom", fontsize=8)
-    ax_rate.set(ylabel="prefill tokens/s", title="prefill throughput (speedup vs off)")
+        text = "\n".join(f"{r[key]:.3f}x{what}" for key, what in (("speedup", ""),
+                                                                  ("vs_base", " base"))
+                         if r.get(key) is not None)
+        if text:
+            ax_rate.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                             ha="center", va="bottom", fontsize=7)
+    base = f"; 'base': vs {base_arm}" if base_arm else ""
+    ax_rate.set(ylabel="prefill tokens/s", title=f"prefill throughput (speedup vs off{base})")
     bottom = [0.0] * len(timed)
     for c in COMPONENTS:
         values = [r[f"t_{c}_ms"] for r in timed]
