@@ -1,7 +1,8 @@
 """The gpu-host world without a GPU: the RADIANCE_AR_PEER_MEMORY choice, and its peer memory
 (job-private shared files, each mapping registered with the runtime and unregistered
-while still mapped, on every path) through the real binding layer over stand-in CUDA
-bindings (tests/fake_cuda_bindings.py), in real processes. The GPU half is
+while still mapped, on every path) through the real binding layer over the real CUDA
+bindings with their registration calls recorded (tests/recorded_cuda_bindings.py), in
+real processes. The GPU half is
 tests/test_host_world_gpu.py."""
 
 import mmap
@@ -11,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import fake_cuda_bindings as fake
+import recorded_cuda_bindings as recorded
 import misuse_jobs
 from radiance_ar.harness.cpu_world import CpuWorldPool
 from radiance_ar.transport import host_peer_memory as hpm
@@ -55,15 +56,16 @@ def test_explicit_choices_are_kept_and_checked():
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
+def recorded_cuda(monkeypatch):
+    pytest.importorskip("cuda.bindings")
     modules = {}
-    fake.install(modules)
+    recorded.install(modules)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
-    fake.CALLS.clear()
-    fake.FAIL_REGISTER[0] = fake.DEVICE_OFFSET[0] = 0
-    yield fake
-    fake.FAIL_REGISTER[0] = fake.DEVICE_OFFSET[0] = 0
+    recorded.CALLS.clear()
+    recorded.FAIL_REGISTER[0] = recorded.DEVICE_OFFSET[0] = 0
+    yield recorded
+    recorded.FAIL_REGISTER[0] = recorded.DEVICE_OFFSET[0] = 0
 
 
 def _mapping(tmp_path, nbytes=8192):
@@ -75,42 +77,42 @@ def _mapping(tmp_path, nbytes=8192):
     return mapping
 
 
-def test_a_registration_lives_as_long_as_its_views_and_ends_while_mapped(tmp_path, fake_cuda):
+def test_a_registration_lives_as_long_as_its_views_and_ends_while_mapped(tmp_path, recorded_cuda):
     mapping = _mapping(tmp_path)
     t = hpm.registered_tensor(mapping, hpm.HostRegistration(CUDA0))
     del mapping
-    (call,) = fake.CALLS
+    (call,) = recorded.CALLS
     addr = t.data_ptr()
     assert call == ("register", addr, 8192, 0x03, True)  # portable | mapped, while mapped
     view = t[100:200]
     t[150] = 7
     del t
-    assert len(fake.CALLS) == 1 and view[50] == 7  # a view keeps the registration
+    assert len(recorded.CALLS) == 1 and view[50] == 7  # a view keeps the registration
     del view
-    assert fake.CALLS[1] == ("unregister", addr, None, None, True)  # before the unmap
-    assert not fake.mapped(addr)  # and then unmapped
+    assert recorded.CALLS[1] == ("unregister", addr, None, None, True)  # before the unmap
+    assert not recorded.mapped(addr)  # and then unmapped
 
 
 def test_a_failed_registration_raises_and_a_foreign_device_address_is_undone(tmp_path,
-                                                                             fake_cuda):
-    fake.FAIL_REGISTER[0] = 1  # cudaErrorInvalidValue
+                                                                             recorded_cuda):
+    recorded.FAIL_REGISTER[0] = 1  # cudaErrorInvalidValue
     with pytest.raises(CopyEngineError, match=r"cudaHostRegister\(8192 B\) failed"):
         hpm.registered_tensor(_mapping(tmp_path), hpm.HostRegistration(CUDA0))
-    assert [c[0] for c in fake.CALLS] == ["register"]  # nothing registered, nothing undone
-    fake.FAIL_REGISTER[0], fake.DEVICE_OFFSET[0] = 0, 4096
-    fake.CALLS.clear()
+    assert [c[0] for c in recorded.CALLS] == ["register"]  # nothing registered, nothing undone
+    recorded.FAIL_REGISTER[0], recorded.DEVICE_OFFSET[0] = 0, 4096
+    recorded.CALLS.clear()
     with pytest.raises(RuntimeError, match="not at its host address.*PEER_MEMORY=symm"):
         hpm.registered_tensor(_mapping(tmp_path), hpm.HostRegistration(CUDA0))
-    assert [(c[0], c[4]) for c in fake.CALLS] == [("register", True), ("unregister", True)]
+    assert [(c[0], c[4]) for c in recorded.CALLS] == [("register", True), ("unregister", True)]
     with pytest.raises(ValueError, match="has no GPU runtime"):
         hpm.HostRegistration(torch.device("cpu"))
 
 
 def registered_sharing_job(world):
-    """A RegisteredHostMemory over the stand-in bindings: two allocations, data shared
+    """A RegisteredHostMemory over the recording bindings: two allocations, data shared
     across processes, files private and gone, every mapping registered; then the buffers
     dropped (every registration undone while mapped) and close() (directory gone)."""
-    fake.install()
+    recorded.install()
     mem = hpm.RegisteredHostMemory(world.group, CUDA0)
     bufs = [mem.allocate("a", 4096), mem.allocate("flags", 2112)]  # the second: one page
     mem.barrier()
@@ -123,14 +125,14 @@ def registered_sharing_job(world):
     other = 1 - world.rank
     out["shared"] = [bool(torch.equal(b.peer(other), torch.arange(b.nbytes) % 251 + other))
                      for b in bufs]
-    out["registered"] = sorted((c[1], c[2], c[3], c[4]) for c in fake.CALLS)
+    out["registered"] = sorted((c[1], c[2], c[3], c[4]) for c in recorded.CALLS)
     # registered in whole pages; the buffers are the bytes asked for
     out["addresses"] = sorted((p.data_ptr(), -(-b.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
                               for b in bufs for p in b.peers)
     out["sizes"] = [(b.nbytes, [p.numel() for p in b.peers]) for b in bufs]
     mem.barrier()
     del bufs, b  # the last references to the tensors: each registration ends here
-    out["unregistered"] = [(c[1], c[4]) for c in fake.CALLS if c[0] == "unregister"]
+    out["unregistered"] = [(c[1], c[4]) for c in recorded.CALLS if c[0] == "unregister"]
     mem.barrier()
     mem.close()
     mem.barrier()
@@ -139,7 +141,8 @@ def registered_sharing_job(world):
 
 
 def test_registered_host_memory_in_real_processes():
-    with CpuWorldPool(2) as pool:  # its own pool: the jobs install stand-in bindings
+    pytest.importorskip("cuda.bindings")
+    with CpuWorldPool(2) as pool:  # its own pool: the jobs install the recording bindings
         out = pool.run(registered_sharing_job)
     for r, o in enumerate(out):
         assert o["kind"] == "gpu-host" and o["dir_mode"] == 0o700 and o["left"] == [], r
