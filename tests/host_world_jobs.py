@@ -14,7 +14,7 @@ from radiance_ar.envs import BackendSettings
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport.copy_engine import CopyEngine
 from radiance_ar.transport.world import World
-from world_jobs import shard
+from world_jobs import reference, shard
 
 
 
@@ -52,11 +52,7 @@ def layer_inputs(seed: int, rank: int, rows: int, cols: int, k: int
 
 def layer_reference(seed: int, size: int, rows: int, cols: int, k: int) -> torch.Tensor:
     """float64 sum over ranks of :func:`layer_inputs`' products."""
-    total = torch.zeros(rows, cols, dtype=torch.float64)
-    for r in range(size):
-        x, w = layer_inputs(seed, r, rows, cols, k)
-        total += x.double() @ w.double().t()
-    return total
+    return reference(seed, size, rows, cols, k, inputs=layer_inputs)
 
 
 def op_job(world: World, backend: str, graphs: str, calls: list, cols: int, min_m: int,

@@ -41,10 +41,13 @@ def emulated_forward(ranks, rts: list, shards: list, timeout_ms: float) -> list[
     return outs
 
 
-def reference(seed: int, size: int, rows: int, cols: int, k: int) -> torch.Tensor:
+def reference(seed: int, size: int, rows: int, cols: int, k: int, inputs=None) -> torch.Tensor:
+    """float64 sum over ranks of x @ w.T, each rank's (x, w) from ``inputs(seed, rank, rows,
+    cols, k)`` (default :func:`shard`)."""
+    inputs = shard if inputs is None else inputs
     total = torch.zeros(rows, cols, dtype=torch.float64)
     for r in range(size):
-        x, w = shard(seed, r, rows, cols, k)
+        x, w = inputs(seed, r, rows, cols, k)
         total += x.double() @ w.double().t()
     return total
 
