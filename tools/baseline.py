@@ -19,11 +19,6 @@ from typing import Callable, Hashable, Iterable
 from radiance_ar import backends
 from radiance_ar.overlap import tuning
 
-#: world kind -> (backend, slices) of the default arm, and why it is the base (one table,
-#: the package's: RADIANCE_AR_BACKEND=auto never chooses a configuration slower than it)
-DEFAULTS = tuning.BASELINE_ARMS
-
-
 def parse_arm(text: str) -> tuple[str, int]:
     """``backend`` or ``backend:S`` (S an int >= 1; 1 by default) -> (canonical name, S);
     ``ValueError`` naming what is wrong."""
@@ -38,20 +33,16 @@ def parse_arm(text: str) -> tuple[str, int]:
     return cls.name, int(s) if cls.pipelined else 1
 
 
+#: the default arm of a world kind and why it is the base (the package's table, which
+#: RADIANCE_AR_BACKEND=auto uses too: it never chooses a configuration slower than it)
+default_arm = tuning.baseline_arm
+#: "backend unsliced" / "backend S=4"
+label = tuning.arm_label
+
+
 def default_backend(world_kind: str) -> str:
     """The default base backend of ``world_kind`` (its arm's backend)."""
     return default_arm(world_kind)[0][0]
-
-
-def default_arm(world_kind: str) -> tuple[tuple[str, int], str]:
-    """The default arm of ``world_kind`` and why it is the base (a world with a vendor
-    collective: ``stock``)."""
-    return tuning.baseline_arm(world_kind)
-
-
-def label(arm: tuple[str, int]) -> str:
-    name, slices = arm
-    return f"{name} {'unsliced' if slices == 1 else f'S={slices}'}"
 
 
 def with_arm(cases: list, arm: tuple[str, int]) -> list:

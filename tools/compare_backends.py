@@ -147,7 +147,7 @@ def run_case(world, case: Case, one_active: bool = False) -> dict:
     if reason is not None:
         return {"backend": case.backend, "M": case.rows, "slices": case.slices,
                 "correct": None, "skipped": reason}
-    if one_active and hasattr(backends.get(case.backend), "fill_passive_peers"):
+    if one_active and backends.get(case.backend).waits_on_peers:
         return measure_one_active(world, case)
     record = measure(world, case)
     if one_active:
@@ -220,8 +220,7 @@ def settings_problem() -> str | None:
     """Every RADIANCE_AR_* setting checked once, here, before any rank starts: the one-line
     complaint about the first bad one, or None."""
     try:
-        envs.snapshot()
-        overlap_config.from_env()  # RADIANCE_AR_BACKEND: a backend or auto; the tuning file
+        overlap_config.from_env()  # every RADIANCE_AR_* setting; the backend; the tuning file
     except (ValueError, KeyError) as e:
         return f"compare_backends: {e}"
     return None

@@ -289,8 +289,8 @@ def finish(args, hdr: dict, records: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        envs.snapshot()  # every RADIANCE_AR_* setting, checked before any rank starts
-        overlap_config.from_env()  # RADIANCE_AR_BACKEND: a backend or auto; the tuning file
+        # every RADIANCE_AR_* setting (the backend, the tuning file), before any rank starts
+        overlap_config.from_env()
         kind = world_kind(args)
         spec = make_spec(args, kind)
     except (ValueError, KeyError) as e:

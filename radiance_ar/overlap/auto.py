@@ -40,9 +40,9 @@ from radiance_ar import backends
 from radiance_ar.call_contract import CollectiveError, CollectiveMismatchError
 from radiance_ar.overlap import tuning
 from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.overlap.runtime import OverlapRuntime
 
 if TYPE_CHECKING:
-    from radiance_ar.overlap.runtime import OverlapRuntime
     from radiance_ar.transport.world import World
 
 logger = logging.getLogger("radiance_ar")
@@ -208,8 +208,6 @@ class AutoChoices:
         return self._agree_row
 
     def _child(self, parent: "OverlapRuntime", c: tuning.Choice) -> "OverlapRuntime":
-        from radiance_ar.overlap.runtime import OverlapRuntime
-
         key = _key(c)
         if key not in self._children:
             settings = dataclasses.replace(self.settings, backend=c.backend, slices=c.slices,
@@ -234,8 +232,6 @@ def _key(c: tuning.Choice) -> tuple[str, int, str]:
 def build_auto(world: "World", settings: OverlapSettings) -> "OverlapRuntime":
     """Collective: the auto runtime for ``world`` (the table loaded and checked now, so a
     bad file stops start-up); its backend is the contract backend."""
-    from radiance_ar.overlap.runtime import OverlapRuntime
-
     table = table_for(settings)
     announce(table, str(world.device) if world.device.type == "cpu"
              else torch.cuda.get_device_name(world.device))

@@ -94,7 +94,14 @@ def allowed_classes(accuracy: str) -> tuple[str, ...]:
 
 def cut_label(slices: int, plan: str) -> str:
     """``unsliced`` or ``S=4 growing``: how a configuration cuts the call."""
-    return "unsliced" if slices == 1 else f"S={slices} {plan}".strip()
+    return "unsliced" if slices == 1 else f"S={slices} {plan}"
+
+
+def arm_label(arm: tuple[str, int]) -> str:
+    """``oneshot_wht6 unsliced`` / ``sdma S=4``: a baseline arm (backend, slices), whose
+    plan is the setting's default."""
+    name, slices = arm
+    return f"{name} {'unsliced' if slices == 1 else f'S={slices}'}"
 
 
 @dataclass(frozen=True)
@@ -270,11 +277,10 @@ def choose(table: TuningTable, W: int, N: int, M: int, producer: str, accuracy: 
     here = [r for r in pool if r.M == at]
     best = min(here, key=lambda r: (r.t_ms, r.backend, r.slices, r.plan))
     arm = baseline_arm(table.world)[0]
-    base_label = f"{arm[0]} {cut_label(arm[1], '')}".strip()
+    base_label = arm_label(arm)
     base = next((r for r in table.rows if (r.W, r.N, r.producer, r.M) == (W, N, producer, at)
                  and (r.backend, r.slices) == arm and r.correct), None)
-    # the rule "never slower than the base" holds because the base is one of the candidates
-    assert base is None or base not in here or best.t_ms <= base.t_ms
+    # "never slower than the base" holds because the base, where usable, is in ``here``
     where = f"M = {at}" if at == M else f"M = {at}, the nearest measured to {M}"
     reason = (f"fastest {accuracy if accuracy == 'exact' else 'exact or quantized'} of "
               f"{len(here)} measured at {where} (W = {W}, N = {N}): {best.t_ms:.3f} ms")
