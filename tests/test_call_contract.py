@@ -17,7 +17,7 @@ BF16 = torch.bfloat16
 
 def pair(timeout_ms=150.0):
     peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
-    return [CpuSignals(PeerBuffer("flags", FLAG_BYTES, r, peers), r, 2, timeout_ms, "test")
+    return [CpuSignals(PeerBuffer("flags", FLAG_BYTES, r, peers), r, 2, timeout_ms, "test", list)
             for r in range(2)]
 
 
@@ -156,9 +156,9 @@ def test_the_gpu_diagnosis_tells_a_peer_stuck_inside_the_call_from_one_in_anothe
 
     peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
     gpu = GpuSignals.__new__(GpuSignals)  # its stream operations are not used here
-    Signals.__init__(gpu, PeerBuffer("flags", FLAG_BYTES, 0, peers), 0, 2, 150.0, "test")
+    Signals.__init__(gpu, PeerBuffer("flags", FLAG_BYTES, 0, peers), 0, 2, 150.0, "test", list)
     gpu._awaited = deque()
-    peer = CpuSignals(PeerBuffer("flags", FLAG_BYTES, 1, peers), 1, 2, 150.0, "test")
+    peer = CpuSignals(PeerBuffer("flags", FLAG_BYTES, 1, peers), 1, 2, 150.0, "test", list)
     for peer_sig, error, words in ((sig(), PeerTimeoutError, "did not post flag 'reduced'"),
                                    (sig(rows=16), CollectiveMismatchError, "another call")):
         with gpu.call(sig()) as t, peer.call(peer_sig) as tp:

@@ -155,13 +155,14 @@ def test_registered_host_memory_in_real_processes():
         assert not o["dir_after_close"], r
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_a_killed_peer_is_named_dead_on_every_survivor_within_the_bound_and_leaves_nothing(size):
+@pytest.mark.parametrize("size,backend", [(2, "sdma"), (4, "sdma"), (2, "oneshot_wht6")])
+def test_a_killed_peer_is_named_dead_on_every_survivor_within_the_bound_and_leaves_nothing(
+        size, backend):
     """The CPU world's half of the killed-peer contract (the GPU's: test_host_world_gpu).
     At W = 4 the survivors also wait on each other, and one that gave up sets its abort
     word: every survivor must still name the dead rank, not a live one that waited."""
     with CpuWorldPool(size) as pool:
-        res = pool.run(misuse_jobs.killed_peer_job, "sdma", 200.0, dying=(size - 1,),
+        res = pool.run(misuse_jobs.killed_peer_job, backend, 200.0, dying=(size - 1,),
                        timeout_s=120)
         assert pool.closed
     assert res[-1] is None

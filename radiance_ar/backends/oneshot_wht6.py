@@ -110,7 +110,7 @@ class OneshotWht6Backend(Backend):
             self._flags = world.memory.allocate("oneshot_wht6.flags", _flag_bytes(self.ctas))
             if not self.gpu:
                 self.signals = CpuSignals(self._flags, world.rank, world.size, self.timeout_ms,
-                                          self.name)
+                                          self.name, world.memory.dead_peers)
         #: the call contract's fault state (CPU: the flags'; GPU: the kernel's error words)
         self.faults = self.signals.faults if self.signals is not None else FaultState(self.name)
         if self.gpu and world.size > 1:

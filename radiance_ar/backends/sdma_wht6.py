@@ -93,15 +93,15 @@ class SdmaWht6Backend(TransportBackend):
     peer_visible_input = False  # the GEMM writes scratch; the payload is what peers read
     stage_reduced = True  # host buffers: the re-encoded shard is written to device memory first
     world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
-    # W = 3 was not measured: unsliced
-    preferred_slices = 1
+    preferred_slices = 1  # one rank: nothing to overlap
 
     @classmethod
     def preferred_slices_for(cls, world_size: int) -> int:
         # The H200 tune of replayed op calls (tools/results/2026-12-04-h200-tune/, emulated
         # ranks, N = 5120 and 8192, M = 2048-16384): S = 2 is fastest at 19 of 20 shapes,
         # at W = 2 (one-shot) 1.075 ms against 1.188 (S = 4) and 1.276 (S = 1) at M = 8192,
-        # N = 5120, and at W = 4 (two-shot per slice) 1.467 against 1.692 and 1.628.
+        # N = 5120, and at W = 4 (two-shot per slice) 1.467 against 1.692 and 1.628. W = 3
+        # (not measured) takes the same.
         return 2 if world_size >= 2 else cls.preferred_slices
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,

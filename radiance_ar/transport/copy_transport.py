@@ -91,7 +91,6 @@ class CopyTransport:
                  stage_reduced: bool = False, call_streams: int = 1):
         self.world, self.owner = world, owner
         size = world.size
-        self.emulated = world.emulated
         #: buffers in host memory: publishes copy a device stage into them (D2H), pulls
         #: copy out of them (H2D); gpu-emulated and gpu-host
         self.staged = world.host_buffers
@@ -100,7 +99,7 @@ class CopyTransport:
         #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D). Not
         #: in gpu-host yet: there a publish runs on its call's stream, before its pulls;
         #: whether a lane pays off with a process per rank is not measured
-        self.lane = PublishLane(world.device) if self.emulated and size > 1 else None
+        self.lane = PublishLane(world.device) if world.emulated and size > 1 else None
         self.signals: Signals | None = None
         if size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)

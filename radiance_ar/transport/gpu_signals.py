@@ -40,8 +40,7 @@ class GpuSignals(Signals):
     _replayed: list[Awaited] = []
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
-                 engine: CopyEngine, owner: str = "signals",
-                 dead_peers: Callable[[], list[int]] | None = None):
+                 engine: CopyEngine, owner: str, dead_peers: Callable[[], list[int]]):
         super().__init__(flags, rank, size, timeout_ms, owner, dead_peers)
         self.engine = engine
         self._addr = [engine.device_address(flags.peer(r)) for r in range(size)]
@@ -88,10 +87,6 @@ class GpuSignals(Signals):
         self.engine.batch(stream, [("write", self.inbox.address(peer, kind, self.rank, k), value)
                                    for peer in range(self.size) if peer != self.rank])
 
-    def wait_token(self, peer: int, kind: str, k: int, sig: CallSignature, stream: int) -> None:
-        """Later work of ``stream`` waits for ``peer``'s token, which it then consumes."""
-        self.wait_tokens([peer], kind, k, sig, stream)
-
     def wait_tokens(self, peers: list[int], kind: str, k: int, sig: CallSignature,
                     stream: int) -> None:
         """Later work of ``stream`` waits for the token of each of ``peers`` and consumes
@@ -127,7 +122,7 @@ class GpuSignals(Signals):
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str = "a call") -> None:
         if self.round is not None:
             assert slot != "done", "token-mode fences consume done tokens (CopyTransport.fence)"
-            self.wait_token(peer, slot, self.round.k, self.round.sig, stream)
+            self.wait_tokens([peer], slot, self.round.k, self.round.sig, stream)
             return
         if peer in self._passive or slot == "done":
             value = epoch

@@ -87,15 +87,16 @@ class Signals(abc.ABC):
     """One rank's view of every rank's flags, plus the call (epoch) counter."""
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
-                 owner: str = "signals", dead_peers: Callable[[], list[int]] | None = None):
+                 owner: str, dead_peers: Callable[[], list[int]]):
         if flags.nbytes < FLAG_BYTES:
             raise ValueError(f"signals: flag buffer of {flags.nbytes} B, need {FLAG_BYTES}")
         if not timeout_ms > 0:
             raise ValueError(f"signals: timeout_ms must be > 0, got {timeout_ms}")
         self.flags, self.rank, self.size, self.timeout_ms = flags, rank, size, timeout_ms
         self.owner = owner
-        #: the peers whose process has exited (PeerMemory.dead_peers; None: unknowable)
-        self.dead_peers = dead_peers if dead_peers is not None else list
+        #: the peers whose process has exited (the world's PeerMemory.dead_peers: required, so
+        #: that no backend's errors can leave a dead peer unnamed)
+        self.dead_peers = dead_peers
         self.epoch = 0
         self.vendor_calls = 0
         self.faults = FaultState(owner)
