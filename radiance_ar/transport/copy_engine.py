@@ -45,8 +45,8 @@ from radiance_ar.streams import stream_object
 
 from radiance_ar.transport.cuda_ops import (_cuda, _cuda_ok, cuda_batch, cuda_copy,
     cuda_device_pointer, cuda_wait_value, cuda_write_value)
-from radiance_ar.transport.hip_ops import (_hip, _hip_ok, hip_batch, hip_batch_reason, hip_copy,
-    hip_each, hip_peer_copy, hip_wait_value, hip_write_value)
+from radiance_ar.transport.hip_ops import (_hip, _hip_ok, hip_batch, hip_copy, hip_peer_copy,
+    hip_wait_value, hip_write_value)
 from radiance_ar.transport.runtime_errors import BindingsMissing
 
 
@@ -252,9 +252,7 @@ class CopyEngine:
             self.write_value = hip_write_value
             self.wait_value_geq = functools.partial(hip_wait_value, equal=False)
             self.wait_value_eq = functools.partial(hip_wait_value, equal=True)
-            # one runtime call per batch from ROCm 6.4 (hip_ops.hip_batch_reason), else one
-            # per operation
-            self.batch = hip_batch if hip_batch_reason(torch.version.hip) is None else hip_each
+            self.batch = hip_batch
         else:
             self.write_value = self.wait_value_geq = self.wait_value_eq = _host_signals_only
             self.batch = _host_signals_only

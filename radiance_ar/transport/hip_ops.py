@@ -8,7 +8,6 @@ ROCm runs on SDMA engines for host memory), ``hipMemcpyPeerAsync`` across device
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from radiance_ar.transport.runtime_errors import MASK64, BindingsMissing, CopyEngineError
@@ -67,84 +66,18 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
             int(hip.hipStreamWaitValueEq if equal else hip.hipStreamWaitValueGte), MASK64)
 
 
-#: the first ROCm with ``hipStreamBatchMemOp`` (marked beta in its headers)
-HIP_BATCH_MEM_OPS = (6, 4)
-#: operations per ``hipStreamBatchMemOp`` ("must be less than 256", its documentation)
-HIP_BATCH_MAX_OPS = 255
-
-
-class HipBatchParams(ctypes.Structure):
-    """One ``hipStreamBatchMemOpParams`` as ``hip_runtime_api.h`` lays it out (a union of
-    48 bytes; its wait and write members share this layout): operation at 0, address at
-    8, ``value64`` at 16, flags at 24, alias at 32. Built with ctypes because hip-python
-    10.0's wrapper of the member struct drops its anonymous value union and writes
-    ``flags`` at offset 16 (seen on hip-python 10.0.0.0.1.2), where ROCm reads the value."""
-    _fields_ = [("operation", ctypes.c_uint32), ("_pad0", ctypes.c_uint32),
-                ("address", ctypes.c_uint64), ("value64", ctypes.c_uint64),
-                ("flags", ctypes.c_uint32), ("_pad1", ctypes.c_uint32),
-                ("alias", ctypes.c_uint64), ("_pad2", ctypes.c_uint64)]
-
-
-def _parse_version(hip_version: str | None) -> tuple[int, int] | None:
-    try:
-        major, minor = (int(p) for p in (hip_version or "").split(".")[:2])
-    except ValueError:
-        return None
-    return major, minor
-
-
-def hip_batch_reason(hip_version: str | None) -> str | None:
-    """Pure gate: ``None`` where ``hipStreamBatchMemOp`` exists (ROCm >= 6.4), else why
-    each operation of a batch is enqueued on its own."""
-    version = _parse_version(hip_version)
-    if version is None:
-        return f"ROCm: runtime version {hip_version!r} not understood; stream operations one by one"
-    if version < HIP_BATCH_MEM_OPS:
-        need = ".".join(map(str, HIP_BATCH_MEM_OPS))
-        return (f"ROCm {version[0]}.{version[1]}: no hipStreamBatchMemOp before ROCm {need}; "
-                "stream operations one by one")
-    return None
-
-
-def hip_batch_params(ops: list[tuple[str, int, int]]) -> ctypes.Array:
-    """The ``hipStreamBatchMemOpParams`` array of ``ops`` (``("write", addr, value)`` /
-    ``("wait_eq", addr, value)``, 64-bit values as :func:`hip_write_value` /
-    :func:`hip_wait_value` use), with the operation and flag codes of the bindings."""
-    hip = _hip()
-    kinds = hip.hipStreamBatchMemOpType
-    params = (HipBatchParams * len(ops))()
-    for p, (what, addr, value) in zip(params, ops):
-        if what == "write":
-            p.operation, p.flags = int(kinds.hipStreamMemOpWriteValue64), 0
-        elif what == "wait_eq":
-            p.operation = int(kinds.hipStreamMemOpWaitValue64)
-            p.flags = int(hip.hipStreamWaitValueEq)
-        else:
-            raise ValueError(f"hip_batch: operation {what!r}: expected 'write' or 'wait_eq'")
-        p.address, p.value64 = addr, value & MASK64
-    return params
-
-
 def hip_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
-    """``ops`` (see :func:`hip_batch_params`) in order, in one ``hipStreamBatchMemOp`` per
-    255 (ROCm >= 6.4: :func:`hip_batch_reason`): the W - 1 token waits of a step, each
-    with its reset, cost one runtime call instead of 2 (W - 1)."""
-    hip = _hip()
-    for lo in range(0, len(ops), HIP_BATCH_MAX_OPS):
-        params = hip_batch_params(ops[lo:lo + HIP_BATCH_MAX_OPS])
-        _hip_ok(f"hipStreamBatchMemOp({len(params)} ops)", hip.hipStreamBatchMemOp, stream,
-                len(params), ctypes.addressof(params), 0)
-
-
-def hip_each(stream: int, ops: list[tuple[str, int, int]]) -> None:
-    """``ops`` in order, one runtime call each (ROCm before 6.4)."""
+    """``ops`` (``("write", addr, value)`` / ``("wait_eq", addr, value)``) in order, one
+    call each. Only captured op calls make batches, and they are not built for ROCm
+    (:func:`hip_capture_reason`); ``hipStreamBatchMemOp`` (ROCm 6.4+) would serve them
+    once they are (docs/history.md: hip-python 10.0's parameter struct)."""
     for what, addr, value in ops:
         if what == "write":
             hip_write_value(stream, addr, value)
         elif what == "wait_eq":
             hip_wait_value(stream, addr, value, equal=True)
         else:
-            raise ValueError(f"hip_each: operation {what!r}: expected 'write' or 'wait_eq'")
+            raise ValueError(f"hip_batch: operation {what!r}: expected 'write' or 'wait_eq'")
 
 
 #: the first ROCm whose stream capture records hipStreamWaitValue / hipStreamWriteValue
@@ -155,10 +88,10 @@ HIP_CAPTURES_STREAM_MEM_OPS = (10, 0)
 def hip_capture_reason(hip_version: str | None) -> str:
     """Why the op's sliced calls are not captured into graphs on this ROCm (always a
     reason today: the captured path was written and measured on CUDA only)."""
-    version = _parse_version(hip_version)
-    if version is None:
+    try:
+        major, minor = (int(p) for p in (hip_version or "").split(".")[:2])
+    except ValueError:
         return f"ROCm: runtime version {hip_version!r} not understood; captured op calls are off"
-    major, minor = version
     if (major, minor) < HIP_CAPTURES_STREAM_MEM_OPS:
         need = ".".join(map(str, HIP_CAPTURES_STREAM_MEM_OPS))
         return (f"ROCm {major}.{minor}: stream capture does not record hipStreamWaitValue / "
