@@ -124,9 +124,10 @@ def test_a_skipped_call_raises_on_every_rank(pools, backend):
     _check_contract(res, must_raise_on=(0, 1))
 
 
-# A pool per case (a killed rank breaks its world): the kernel-spin protocol at W = 2 and
-# the stream-wait transport (sdma's; sdma_wht6 shares it) at W = 4.
-@pytest.mark.parametrize("size,backend", [(2, "oneshot_wht6"), (4, "sdma")])
+# A pool per case (a killed rank breaks its world): the kernel-spin protocol and the
+# stream-wait transport (sdma's; sdma_wht6 shares it with its codec kernels in the flow).
+@pytest.mark.parametrize("size,backend", [(2, "oneshot_wht6"), (4, "oneshot_wht6"),
+                                          (4, "sdma"), (2, "sdma_wht6"), (4, "sdma_wht6")])
 def test_a_killed_peer_raises_on_every_survivor_within_the_bound_and_leaves_nothing(size,
                                                                                     backend):
     with host_pool(size) as pool:

@@ -145,14 +145,14 @@ for rows, cols, size, rank in ((5, 512, 1, 0), (9, 768, 2, 1), (4, 320, 3, 0)):
             pubs[p][region:region + nbytes] = wht6_encode(pads[p]).view(-1)
             flags[p][:G] = 1
             flags[p][2 * G:] = SIG
-    own, err = torch.zeros(region, dtype=torch.uint8), torch.zeros(3, dtype=torch.int64)
+    own, err = torch.zeros(region, dtype=torch.uint8), torch.zeros(5, dtype=torch.int64)
     out = torch.full((rows, cols), float("nan"))  # fp32: the interpreter truncates to bf16
     K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 50.0, G, sig=SIG)
     want = wht6_decode_accumulate([wht6_encode(p) for p in pads], (rows, wide), torch.float32)
     assert torch.equal(out, want[:, :cols]), (rows, cols, size)
     ref = sum(x.double() for x in xs)
     assert float((out.double() - ref).norm() / ref.norm()) < 2 ** -5
-    assert flags[rank][:G].tolist() == [1] * G and err.tolist() == [0, 0, 0], (flags, err)
+    assert flags[rank][:G].tolist() == [1] * G and err.tolist() == [0] * 5, (flags, err)
     assert flags[rank][2 * G:].tolist() == [SIG] * G  # this call's parity slot
     if size > 1:  # the next call: peers never post epoch 2, so every wait times out
         K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 0.05, G, sig=SIG)
@@ -165,6 +165,7 @@ for rows, cols, size, rank in ((5, 512, 1, 0), (9, 768, 2, 1), (4, 320, 3, 0)):
                 flags[p][:G] = 3
         K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 50.0, G, sig=SIG + 1)
         assert err[0] == 3 and err[2] == 2 and err[1] - 1 != rank, err
+        assert err[3] == 3 and err[4] == SIG, err  # what the waiter read: flag, slot
     K.launch(xs[rank].float(), out, pubs, flags, own, err, rank, region, 50.0, G, warm_up=True)
     assert flags[rank][:G].tolist() == [1 + 2 * (size > 1)] * G  # a warm-up touches nothing
 print("interpreter-ok")

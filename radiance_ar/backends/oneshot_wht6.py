@@ -114,7 +114,7 @@ class OneshotWht6Backend(Backend):
         #: the call contract's fault state (CPU: the flags'; GPU: the kernel's error words)
         self.faults = self.signals.faults if self.signals is not None else FaultState(self.name)
         if self.gpu and world.size > 1:
-            self._err = torch.zeros(3, dtype=torch.int64, pin_memory=True)
+            self._err = torch.zeros(5, dtype=torch.int64, pin_memory=True)
             self._done = torch.cuda.Event()
             self._enqueued = False
             self._retired: list = []  # replaced own copies a call in flight may still read
@@ -326,7 +326,7 @@ class OneshotWht6Backend(Backend):
 
     def _raise_recorded(self) -> None:
         """Turn the kernel's error words into an exception (only once they are final)."""
-        epoch, peer, kind = (int(w) for w in self._err)
+        epoch, peer, kind, seen, their = (int(w) for w in self._err)
         peer -= 1
         if peer < 0:
             return
@@ -334,11 +334,13 @@ class OneshotWht6Backend(Backend):
         after = ("The kernel carried on, so that call's output is garbage; call resync() on "
                  "every rank before the next call")
         if kind == 2:
+            what = (f"is in call (epoch) {seen}, not {epoch} or {epoch + 1}" if seen > epoch + 1
+                    else f"posted call (epoch) {epoch} with signature hash {their:#x}, not this "
+                    "rank's (rows, cols, dtype, or the linear's M and K differ)")
             error: Exception | None = CollectiveMismatchError(
-                f"rank {self.world.rank}: peer rank {peer} posted call (epoch) {epoch} of "
-                "oneshot_wht6 all_reduce with another signature (rows, cols, dtype, or the "
-                "linear's M and K), or is in another call: every rank must make the same calls "
-                f"with the same shapes. {after}")
+                f"rank {self.world.rank}: in call (epoch) {epoch} of oneshot_wht6 all_reduce "
+                f"peer rank {peer} {what}: every rank must make the same calls with the same "
+                f"shapes. {after}")
         else:
             # a dead process named before a live peer that waits on it (gpu-host)
             error = dead_peers_error(self.world.rank, self.world.memory.dead_peers(),

@@ -8,8 +8,8 @@ rank r's ``publish`` is ``pub[r][off:off+n] = src; ready[r] = t`` and its ``pull
 peer p is ``wait until ready[p] == t; dst[:] = pub[p][off:off+n]``.
 
 One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream or
-on one of two call streams entered from it (:mod:`radiance_ar.transport.call_streams`; in the emulated
-world the publishes run beside it: :mod:`radiance_ar.transport.publish_lane`)::
+on one of two call streams entered from it (:mod:`radiance_ar.transport.call_streams`; in the
+host-memory worlds the publishes run beside it: :mod:`radiance_ar.transport.publish_lane`)::
 
   rank r stream : [fence] publish ready_r=t  wait ready_p>=t  pull p   done_r=t  compute
   rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  compute
@@ -38,7 +38,7 @@ and flags in pinned host memory: a rank writes what it publishes into a private 
 ``stage``, the publish is a D2H copy and pulls are H2D copies, so every cross-rank byte
 crosses the host link), ``gpu-host`` (a process per rank, buffers and flags in shared
 host memory registered with each rank's runtime: staged, published and pulled as in
-gpu-emulated, with no publish lane). Emulated ranks are driven from one host thread, so a
+gpu-emulated, publish lane included). Emulated ranks are driven from one host thread, so a
 rank's stream may block on a flag that a LATER host call of a peer posts, and any implicit
 device synchronization in between (a first kernel load, a cudaFree) deadlocks: a
 backend loads its kernels in ``ensure_capacity``, which runs on every rank first.
@@ -96,10 +96,11 @@ class CopyTransport:
         self.staged = world.host_buffers
         self.reduced, self.stage_reduced = reduced and size > 1, stage_reduced
         self.engine = CopyEngine(world.device) if size > 1 else None
-        #: emulated world: publishes (D2H) on their own stream, beside the pulls (H2D). Not
-        #: in gpu-host yet: there a publish runs on its call's stream, before its pulls;
-        #: whether a lane pays off with a process per rank is not measured
-        self.lane = PublishLane(world.device) if world.emulated and size > 1 else None
+        #: host-memory worlds: publishes (D2H) on their own stream, beside the pulls (H2D).
+        #: Without it gpu-host's sdma ran at 0.46-0.51 of the link against 0.85-0.90
+        #: emulated (H200, tools/results/2026-12-04-h200-gpu-host-second/), while its
+        #: registered memory copies at the pinned memory's rate both ways (53.5 GB/s)
+        self.lane = PublishLane(world.device) if world.host_buffers and size > 1 else None
         self.signals: Signals | None = None
         if size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)

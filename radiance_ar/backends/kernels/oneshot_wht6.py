@@ -46,7 +46,8 @@ def launch(x: torch.Tensor, out: torch.Tensor, pubs: Sequence[Any], flags: Seque
     ``region_bytes``) and flag words (int64, at least ``ctas``), in rank order, as
     tensors or :func:`radiance_ar.launch.pointers.kernel_pointer` s. ``own``: this rank's
     private payload copy (or
-    None: its payload is read back from ``pubs[rank]``). ``err``: int64 [2] error words.
+    None: its payload is read back from ``pubs[rank]``). ``err``: int64 [5] error words
+    (the kernel module's doc).
     ``sig``: the call's signature hash (1 .. 2**31 - 1), equal on every rank of one call.
     ``warm_up``: compile and launch with no work (no epoch, no flag), so that a later
     call does not compile while peers spin.

@@ -39,7 +39,8 @@ Call contract. Beside each epoch flag a CTA writes the call's signature hash (ro
 cols, dtype and the op's M and K: :mod:`radiance_ar.call_contract`) in the slot of the
 call's parity. A waiter that sees its peer's flag reach ``t`` reads the slot of parity
 ``t``: another signature, or a flag beyond ``t + 1`` (the peer is in another call),
-writes ``err[2] = 2`` (a mismatch) and the host raises ``CollectiveMismatchError``. The bound is
+writes ``err[2] = 2`` (a mismatch) and what it read, ``err[3]`` the flag and ``err[4]`` the
+slot, and the host raises ``CollectiveMismatchError``. The bound is
 ``%globaltimer`` nanoseconds since the CTA began waiting, on NVIDIA; elsewhere a count
 of flag reads per peer (``ITERS_PER_MS`` per millisecond: a read of peer or host memory
 takes about 1 us; a faster read shortens the bound, never lengthens it).
@@ -125,7 +126,8 @@ def oneshot_wht6_kernel(
                         # G epoch flags, then 2 G call signatures (parity t mod 2);
                         # rank order; unused repeat flag0
     own_ptr,            # *u8 private copy of this rank's payload (read if OWN_COPY)
-    err_ptr,            # *i64 [3] error words: epoch, peer + 1, kind (1 timeout, 2 mismatch)
+    err_ptr,            # *i64 [5] error words: epoch, peer + 1, kind (1 timeout, 2 mismatch),
+                        # the peer's flag and its signature slot as read (a mismatch)
     levels,             # *fp32 [64] the codec's dequantization factors (wht6_launch.levels)
     rank,               # this rank, 0..W-1
     n_sub,              # rows * cols_padded / 32 sub-blocks; 0 = warm-up, touches nothing
@@ -200,6 +202,8 @@ def oneshot_wht6_kernel(
                             tl.store(err_ptr, t)
                             tl.store(err_ptr + 1, p + 1)
                             tl.store(err_ptr + 2, 2)
+                            tl.store(err_ptr + 3, seen)
+                            tl.store(err_ptr + 4, their)
             tl.debug_barrier()
             own_src = my_pub + region
             if OWN_COPY:
