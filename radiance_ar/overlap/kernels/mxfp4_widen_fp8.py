@@ -1,0 +1,131 @@
+"""MXFP4 weight widened to fp8 e4m3 with one power-of-two exponent per output channel.
+
+Math, for packed e2m1 codes wq [N, K/2], e8m0 scales ws [N, K/32] (formats:
+:mod:`radiance_ar.overlap.producer_mxfp4`) and a column plan's ``top`` [N] (the scale
+byte of each output channel widened to E = 6,
+:func:`radiance_ar.overlap.kernels.mxfp4_fp8_gemm.plan_columns`)::
+
+    out[n, k] = e4m3( e2m1(wq[n, k]) * 2^E ),   E = clamp(ws[n, k // 32] - top[n], -14, 0) + 6
+
+so that w[n, k] = out[n, k] * col_scale[n], col_scale = 2^(top - 127 - 6), exactly
+wherever a block's unclamped E lies in [-8, 6], which a fitting plan guarantees for
+every block holding a non-zero code (the proof: that module's doc); the clamp keeps the
+arithmetic of zero-code blocks finite. The values are those the fp8 Triton GEMM widens
+in registers; here they go to memory once per call for the GPU's own fp8 GEMM
+(:mod:`radiance_ar.overlap.mxfp4_routes`).
+
+Each value: the code becomes the fp16 bits ``(c & 7) << 9`` (sign to bit 15), which is
+e2m1(c) * 2^-14 exactly (code 1 is the fp16 subnormal 2^-15), widened to fp32, times
+2^(E + 14) (an fp32 built from its exponent bits), then cast to e4m3: every step exact.
+Memory bound: half a byte and 1/32 of a scale byte in, one byte out a value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from radiance_ar import envs
+from radiance_ar.overlap.kernels import lazy_jit
+
+MX_GROUP = 32
+BLOCK_N, BLOCK_K = 32, 512  # 16K values a program
+
+tl: Any = None  # triton.language, bound at the first launch
+_jitted: Any = None
+
+
+def _mxfp4_widen_fp8_kernel(
+    w_ptr,  # *uint8 [N, K/2]: packed e2m1 codes, element 2j in the low nibble
+    ws_ptr,  # *uint8 [N, K/32]: e8m0 scales
+    top_ptr,  # *int32 [N]: the plan's top scale byte per channel (widened to E = 6)
+    out_ptr,  # *int16 [N, K/2]: the widened weight, two e4m3 bytes a word
+    N,  # output channels
+    K,  # input channels, a multiple of 32
+    w_row_stride,  # bytes between rows of the codes
+    ws_row_stride,  # bytes between rows of the scales
+    out_row_stride,  # 16-bit words between rows of out
+    BLOCK_N: tl.constexpr,  # channels a program
+    BLOCK_K: tl.constexpr,  # K values a program, a multiple of 32
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    load_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+    k0 = tl.program_id(1) * BLOCK_K
+    offs_kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    offs_kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    w = tl.load(w_ptr + load_n[:, None] * w_row_stride + offs_kb[None, :],
+                mask=offs_kb[None, :] < K // 2, other=0)
+    ws = tl.load(ws_ptr + load_n[:, None] * ws_row_stride + offs_kg[None, :],
+                 mask=offs_kg[None, :] < K // 32, other=127)
+    top = tl.load(top_ptr + load_n)
+    e = tl.minimum(tl.maximum(ws.to(tl.int32) - top[:, None], -14), 0) + 6
+    factor = ((e + 14 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(E + 14)
+    lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
+    hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
+    # A packed byte's two values leave as one 16-bit word, first value in the low byte
+    # (little-endian: memory order), so the stores are as wide as the loads.
+    lo8 = _widen_half(lo, factor, BLOCK_N, BLOCK_K)
+    hi8 = _widen_half(hi, factor, BLOCK_N, BLOCK_K)
+    pair = lo8.to(tl.int16) | (hi8.to(tl.int16) << 8)
+    mask = (offs_n[:, None] < N) & (offs_kb[None, :] < K // 2)
+    tl.store(out_ptr + offs_n.to(tl.int64)[:, None] * out_row_stride + offs_kb[None, :],
+             pair, mask=mask)
+
+
+def _widen_half(bits, factor, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp16 bits e2m1(c) * 2^-14 [BLOCK_N, BLOCK_K/2] times 2^(E + 14) per 16 of them ->
+    the e4m3 bytes (as uint8)."""
+    v = bits.to(tl.float16, bitcast=True).to(tl.float32).reshape(BLOCK_N, BLOCK_K // 32, 16)
+    v = (v * factor[:, :, None]).reshape(BLOCK_N, BLOCK_K // 2)
+    return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+def _kernel() -> Any:
+    global _jitted
+    if _jitted is None:
+        global _widen_half
+        _jitted = lazy_jit.jit(_mxfp4_widen_fp8_kernel, globals())
+        _widen_half = lazy_jit.jit(_widen_half, globals())
+    return _jitted
+
+
+def widen(w: torch.Tensor, w_scale: torch.Tensor, top: torch.Tensor,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """``out`` [N, K] e4m3 with w = out * col_scale[:, None] for the plan whose ``top`` is
+    given (module doc), on the current stream of w's device; allocated when not given."""
+    n, half_k = w.shape if w.dim() == 2 else (-1, -1)
+    k = 2 * half_k
+    if w.dtype != torch.uint8 or w.dim() != 2 or k % MX_GROUP or w.stride(1) != 1:
+        raise ValueError(f"mxfp4_widen_fp8: w must be packed e2m1 uint8 (N, K/2) with K a "
+                         f"multiple of {MX_GROUP} and unit column stride, got "
+                         f"{tuple(w.shape)} {w.dtype}")
+    if w_scale.dtype != torch.uint8 or tuple(w_scale.shape) != (n, k // MX_GROUP) \
+            or w_scale.stride(1) != 1:
+        raise ValueError(f"mxfp4_widen_fp8: w_scale must be e8m0 uint8 ({n}, {k // MX_GROUP}) "
+                         f"with unit column stride, got {tuple(w_scale.shape)} {w_scale.dtype}")
+    if top.dtype != torch.int32 or tuple(top.shape) != (n,) or not top.is_contiguous():
+        raise ValueError(f"mxfp4_widen_fp8: top must be contiguous int32 ({n},) (the column "
+                         f"plan's), got {tuple(top.shape)} {top.dtype}")
+    if out is None:
+        out = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
+    if out.dtype != torch.float8_e4m3fn or tuple(out.shape) != (n, k) or out.stride(1) != 1 \
+            or out.stride(0) % 2 or out.data_ptr() % 2:
+        raise ValueError(f"mxfp4_widen_fp8: out must be float8_e4m3fn ({n}, {k}) with unit "
+                         f"column stride, even row stride and address, got "
+                         f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
+    for label, t in (("w_scale", w_scale), ("top", top), ("out", out)):
+        if t.device != w.device:
+            raise ValueError(f"mxfp4_widen_fp8: {label} is on {t.device}, w on {w.device}")
+    if w.device.type != "cuda" and not envs.triton_interpreter():
+        raise ValueError(f"mxfp4_widen_fp8: w is on {w.device}; the kernel runs on CUDA/ROCm "
+                         "GPUs (or on the CPU under Triton's interpreter, TRITON_INTERPRET=1)")
+    if n == 0:
+        return out
+    grid = (-(-n // BLOCK_N), -(-k // BLOCK_K))
+    with torch.cuda.device(w.device) if w.device.type == "cuda" else contextlib.nullcontext():
+        _kernel()[grid](w, w_scale, top, out.view(torch.int16), n, k, w.stride(0),
+                        w_scale.stride(0), out.stride(0) // 2, BLOCK_N=BLOCK_N,
+                        BLOCK_K=BLOCK_K, num_warps=4)
+    return out
