@@ -54,8 +54,12 @@ def test_cached_plan_is_remade_when_the_weight_is_rewritten():
         routes.cached_plan(packed.clone(), scales)
 
 
-def test_cublas_route_is_not_offered_off_a_gpu():
-    assert not routes.cublas_available(torch.device("cpu"), torch.bfloat16, 8192, 5120)
+def test_cublas_route_refusals_name_their_reason(monkeypatch):
+    cpu = torch.device("cpu")
+    assert routes.cublas_refusal(cpu, torch.bfloat16, 8192, 5120) == routes.CUBLAS_OFF
+    assert "relative error 2.0" in routes.CUBLAS_OFF  # off until its GPU tests pass
+    monkeypatch.setattr(routes, "CUBLAS_OFF", "")
+    assert "not an NVIDIA GPU" in routes.cublas_refusal(cpu, torch.bfloat16, 8192, 5120)
 
 
 WIDEN_SCRIPT = r"""
@@ -88,27 +92,45 @@ def test_widening_is_exact_under_the_interpreter():
 
 
 PREPARE_SCRIPT = r"""
+import sys
 import torch
 from radiance_ar.overlap import mxfp4_routes as routes, producer_mxfp4 as mx, producers
 from radiance_ar.overlap.scratch import ScratchPool
-routes.cublas_available = lambda *args: True  # this GPU-only route's operands, on the CPU
+sys.path.insert(0, "tests")
+import test_mxfp4_routes as t
+routes.cublas_refusal = lambda *args: ""  # this GPU-only route, on the CPU's _scaled_mm
 torch.manual_seed(0)
-x = torch.randn(40, 96).to(torch.bfloat16)
-packed, scales = mx.quantize_weight(torch.randn(48, 96) / 10)
+rows, k = 40, 96
+x = torch.randn(rows, k).to(torch.bfloat16)
+# random channels, and channels at e4m3's range edges (spans 0, 7, 14: E = 6 .. -8)
+edge_packed, edge_scales = t._edge_weight([0, 7, 14, 14], groups=3)
+packed, scales = mx.quantize_weight(torch.randn(44, k) / 10)
+packed, scales = torch.cat([packed, edge_packed]), torch.cat([scales, edge_scales])
 p = producers.get(mx.NAME).prepare(x, packed, scales, ScratchPool())
-assert p.route == "cublas_fp8" and p.weight.shape == (48, 96) and p.weight_scale.shape == (1, 48)
+assert p.route == "cublas_fp8" and p.weight.shape == (48, k) and p.weight_scale.shape == (1, 48)
 xq, xs = mx.quantize_activation(x)
 assert torch.equal(p.x.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(p.x_scale, xs)
 # what torch._scaled_mm rowwise multiplies: (x_scale * xq) @ (w8 * col_scale).T
 w = p.weight.double() * p.weight_scale.double().t()
 assert torch.equal(w, mx.dequantize_weight(packed, scales))
+# and the route's product, in two row slices, against float64
+out = torch.full((rows, 48), float("nan"), dtype=torch.bfloat16)
+for a, b in ((0, 16), (16, rows)):
+    producers.get(mx.NAME).launch(p, a, b, out[a:b], 0)
+ref = mx.reference(xq, xs, packed, scales)
+mag = mx.dequantize_activation(xq, xs).abs() @ mx.dequantize_weight(packed, scales).abs().t()
+err = (out.double() - ref).abs()
+assert bool(torch.isfinite(out).all()), "an element was not written"
+assert bool((err <= 2 ** -8 * ref.abs() + (k + 4) * 2 ** -24 * mag).all()), float(
+    ((err - 2 ** -8 * ref.abs()) / mag).max())
+assert float((out.double() - ref).norm() / ref.norm()) < 2 ** -8
 print("interpreter-ok")
 """
 
 
 @pytest.mark.interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
-def test_cublas_route_operands_are_the_exact_weight_under_the_interpreter():
+def test_cublas_route_is_exact_against_float64_under_the_interpreter():
     run_under_interpreter(PREPARE_SCRIPT)
 
 

@@ -2,7 +2,7 @@
 
 Math, for an activation x [M, K] (bf16/fp16/fp32) and a quantized weight (wq, ws)::
 
-    x_scale[m] = max(max_k |x[m, k]|, 448e-12) / 448                    (fp32)
+    x_scale[m] = max(fl32(max_k |x[m, k]| / 448), 1e-12)    (one rounded division)
     xq[m, k]   = e4m3(x[m, k] / x_scale[m])          (round to nearest even)
     y[m, n]    = x_scale[m] * sum_k xq[m, k] * e2m1(wq[n, k]) * 2^(ws[n, k // 32] - 127)
 
@@ -66,7 +66,13 @@ def quantize_activation(x: torch.Tensor, out: torch.Tensor | None = None,
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"quantize_activation: x must be a 2-D float tensor, got "
                          f"{tuple(x.shape)} {x.dtype}")
-    x_scale = (x.abs().amax(dim=1).float() / FP8_MAX).clamp_min(_MIN_X_SCALE)
+    # The divisor is a tensor on x's device: torch on CUDA divides by a Python number as
+    # a multiplication by its rounded reciprocal (ATen's div_true_kernel_cuda), whose
+    # bits differ from the division's in about half of the cases (1e6 amax values on the
+    # CPU: 549084); the division, rounded once, is the definition on every device and
+    # what the one-pass kernel computes (div_rn).
+    divisor = torch.full((), FP8_MAX, dtype=torch.float32, device=x.device)
+    x_scale = (x.abs().amax(dim=1).float() / divisor).clamp_min(_MIN_X_SCALE)
     if out is None:
         out = torch.empty(x.shape, dtype=FP8, device=x.device)
     torch.div(x.float(), x_scale[:, None], out=out)
@@ -182,7 +188,8 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | 
     xq, x_scale = _quantize(x, scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device))
     if fp8_kernel.has_fp8_mma(x.device) or envs.triton_interpreter():
         plan = routes.cached_plan(weight, weight_scale)
-        if plan.fits and routes.cublas_available(x.device, x.dtype, x.shape[0], weight.shape[0]):
+        if plan.fits and not routes.cublas_refusal(x.device, x.dtype, x.shape[0],
+                                                   weight.shape[0]):
             w8 = scratch.get("mxfp4_w8", (weight.shape[0], x.shape[1]), FP8, x.device)
             widen_fp8.widen(weight, weight_scale, plan.top, out=w8)
             return MxPrepared(xq, w8, x_scale, plan.col_scale.reshape(1, -1), "cublas_fp8", plan)
