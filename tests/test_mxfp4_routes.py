@@ -154,9 +154,77 @@ def _hopper() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the fp8 route runs on Hopper")
-def test_gpu_fp8_route_matches_float64_with_blocks_at_the_range_edges():
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_widening_bits_are_the_weight_over_its_column_scales():
+    """The widening kernel on the GPU against torch's cast of the float64 weight divided
+    by the column scales (exact values: the cast only encodes them), at the bench's
+    shape (K = 4352: a masked K tile) with channels at the range edges."""
+    from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fk
+    from radiance_ar.overlap.kernels import mxfp4_widen_fp8 as widen
+    packed, scales = _bench_weight_with_edges(512, 4352)
+    plan = fk.plan_columns(packed, scales)
+    assert plan.fits
+    want = (mx.dequantize_weight(packed, scales) / plan.col_scale.double()[:, None])
+    assert bool((want.abs() <= 448).all())
+    want = want.to(torch.float8_e4m3fn)
+    got = torch.full((512, 4352), 0x7F, dtype=torch.uint8, device="cuda").view(want.dtype)
+    widen.widen(packed, scales, plan.top, out=got)
+    torch.cuda.synchronize()
+    bad = (got.view(torch.uint8) != want.view(torch.uint8)).nonzero()
+    assert bad.numel() == 0, (f"{bad.shape[0]} of {got.numel()} bytes differ, first at "
+                              f"{bad[:4].tolist()}: got {got[tuple(bad[0])].item()}, "
+                              f"want {want[tuple(bad[0])].item()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the fp8 route runs on Hopper")
+def test_gpu_scaled_mm_of_the_reference_widening_matches_float64():
+    """torch's rowwise fp8 GEMM, alone, on the reference widening (torch's own cast) and
+    power-of-two column scales, against float64: with the test above it says whether
+    the route's widening or the GEMM is wrong."""
+    packed, scales = _bench_weight_with_edges(512, 4352)
+    from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fk
+    plan = fk.plan_columns(packed, scales)
+    w8 = (mx.dequantize_weight(packed, scales) / plan.col_scale.double()[:, None]).to(
+        torch.float8_e4m3fn)
+    g = torch.Generator().manual_seed(6)
+    xq, xs = mx.quantize_activation(torch.randn(1024, 4352, generator=g).cuda())
+    out = torch.full((1024, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    torch._scaled_mm(xq, w8.t(), scale_a=xs[:, None], scale_b=plan.col_scale.reshape(1, -1),
+                     out_dtype=torch.bfloat16, out=out)
+    _assert_within_bound(out, xq, xs, packed, scales)
+
+
+def _bench_weight_with_edges(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bench's weight (randn / sqrt(K)) quantized on the GPU, its first channels
+    replaced by :func:`_edge_weight`'s (spans 0, 1, 7, 14: E = 6 down to -8)."""
+    g = torch.Generator().manual_seed(4)
+    packed, scales = mx.quantize_weight((torch.randn(n, k, generator=g) / k ** 0.5).cuda())
+    edge_packed, edge_scales = _edge_weight([0, 1, 7, 14], groups=k // 32)
+    packed[:4], scales[:4] = edge_packed.cuda(), edge_scales.cuda()
+    return packed, scales
+
+
+def _assert_within_bound(out, xq, xs, packed, scales) -> None:
+    assert bool(torch.isfinite(out).all()), "an element was not written"
+    ref = mx.reference(xq, xs, packed, scales)
+    mag = mx.dequantize_activation(xq, xs).abs() @ mx.dequantize_weight(
+        packed, scales).abs().t()
+    got = out.double()
+    rms = float((got - ref).norm() / ref.norm())
+    rounding = float((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm())
+    assert rms <= RMS_OVER_ROUNDING * rounding, (rms, rounding)
+    excess = ((got - ref).abs() - 2 ** -8 * ref.abs()).clamp_min(0) / mag
+    assert float(excess.max()) <= ACCUMULATION_BOUND, float(excess.max())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the fp8 route runs on Hopper")
+def test_gpu_fp8_route_matches_float64_with_blocks_at_the_range_edges(monkeypatch):
     from radiance_ar.overlap import producers
     from radiance_ar.overlap.scratch import ScratchPool
+    monkeypatch.setattr(routes, "CUBLAS_OFF", "")  # the route itself, whether on or off
     rows, n, k = 4096, 5120, 4352
     g = torch.Generator().manual_seed(5)
     x = torch.randn(rows, k, generator=g).to(torch.bfloat16).cuda()
@@ -176,29 +244,24 @@ def test_gpu_fp8_route_matches_float64_with_blocks_at_the_range_edges():
     for a, b in ((0, 1024), (1024, 2048), (2048, 4096)):  # slices, 16-row aligned
         prod.launch(p, a, b, out[a:b], torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
-    assert bool(torch.isfinite(out).all()), "an element was not written"
-    ref = mx.reference(p.x, p.x_scale, packed, scales)
-    mag = mx.dequantize_activation(p.x, p.x_scale).abs() @ mx.dequantize_weight(
-        packed, scales).abs().t()
-    got = out.double()
-    rms = float((got - ref).norm() / ref.norm())
-    rounding = float((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm())
-    assert rms <= RMS_OVER_ROUNDING * rounding, (rms, rounding)
-    excess = ((got - ref).abs() - 2 ** -8 * ref.abs()).clamp_min(0) / mag
-    assert float(excess.max()) <= ACCUMULATION_BOUND, float(excess.max())
+    _assert_within_bound(out, p.x, p.x_scale, packed, scales)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the fp8 route runs on Hopper")
-def test_gpu_routes_by_rows_and_by_plan():
+@pytest.mark.parametrize("cublas_on", [False, True])
+def test_gpu_routes_by_rows_and_by_plan(cublas_on, monkeypatch):
     from radiance_ar.overlap import producers
     from radiance_ar.overlap.scratch import ScratchPool
+    if cublas_on:
+        monkeypatch.setattr(routes, "CUBLAS_OFF", "")
     prod = producers.get(mx.NAME)
     w = torch.randn(256, 512).cuda() / 20
     packed, scales = mx.quantize_weight(w)
     small = torch.randn(routes.CUBLAS_MIN_ROWS - 1, 512, device="cuda").to(torch.bfloat16)
     big = torch.randn(routes.CUBLAS_MIN_ROWS, 512, device="cuda").to(torch.bfloat16)
-    for x, route in ((small, "triton_fp8"), (big, "cublas_fp8")):
+    for x, route in ((small, "triton_fp8"),
+                     (big, "cublas_fp8" if cublas_on else "triton_fp8")):
         p = prod.prepare(x, packed, scales, ScratchPool())
         out = torch.full((x.shape[0], 256), float("nan"), dtype=torch.bfloat16, device="cuda")
         prod.launch(p, 0, x.shape[0], out, torch.cuda.current_stream().cuda_stream)

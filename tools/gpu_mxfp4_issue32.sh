@@ -37,7 +37,10 @@ fi
 echo "===== bench_mxfp4 (the producer's routes)"; tail -n 20 "$out/bench_mxfp4.log"
 echo "===== sweep (routes over prefill shapes)"; tail -n 40 "$out/sweep.log"
 echo "===== tune_mxfp4_fp8 (the Triton fp8 GEMM)"; tail -n 45 "$out/tune_mxfp4_fp8.log"
-echo "===== GPU tests"; grep -h '^tests/' "$out/new_tests/summary.log" "$out/old_tests/summary.log"
+echo "===== GPU tests (test_gpu_widening_bits_* and test_gpu_scaled_mm_of_the_reference_*"
+echo "      say whether the cublas_fp8 route's widening or torch's fp8 GEMM is wrong)"
+grep -h '^tests/' "$out/new_tests/summary.log" "$out/old_tests/summary.log"
+grep -h '^FAILED' "$out/new_tests/pytest_full.log" "$out/old_tests/pytest_full.log" | cut -c1-300
 echo "===== ${SECONDS}s; failed: ${#failed[@]}"
 for f in "${failed[@]}"; do echo "FAILED: $f"; done
 [ ${#failed[@]} -eq 0 ]
