@@ -50,11 +50,16 @@ BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 #: p256 1184 vs 1024, 128x128x128 p128 692 vs 512 (1380 in Triton ops), 256x128x128 p0
 #: 604 vs 1024, 128x256x128 p0 986 vs 1024, w_lhs 128x128x128 620 vs 512; left out:
 #: 128x256 promoted (588 B spilled), w_lhs 256x128 (wgmma serialized, ptxas C7515).
+#: The H200 run of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-fp8-branch) put the
+#: 256-row tiles first (p0 650-753 TFLOP/s, p128 599-695) and 128x128x256 p256 and
+#: 128x128x128 p128 at 449-541: those two gave their places to two untried 256-row
+#: variants, a fourth pipeline stage and K steps of 256 (half the loop iterations per
+#: widened byte of scale; 192 KB of shared memory at 2 stages).
 CANDIDATES = [
     C(256, 128, 128, 8, False, 8, 3, 128, True),
     C(256, 128, 64, 8, False, 8, 4, 64, True),
-    C(128, 128, 256, 8, False, 8, 3, 256, True),
-    C(128, 128, 128, 8, False, 8, 4, 128, True),
+    C(256, 128, 256, 8, False, 8, 2, 256, True),
+    C(256, 128, 128, 8, False, 8, 4, 128, True),
     C(256, 128, 128, 8, False, 8, 3, 0, True),
     C(128, 256, 128, 8, False, 8, 3, 0, True),
     C(128, 128, 128, 8, True, 8, 4, 0, True),
