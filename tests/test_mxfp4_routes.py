@@ -91,6 +91,38 @@ def test_widening_is_exact_under_the_interpreter():
     run_under_interpreter(WIDEN_SCRIPT)
 
 
+EVERY_CODE_SCRIPT = r"""
+import torch
+from radiance_ar.overlap import producer_mxfp4 as mx
+from radiance_ar.overlap.kernels import mxfp4_widen_fp8 as widen
+# every code 0..15 (twice a group) at every exponent E = -8..6 the kernel can meet: one
+# group per E (scale byte 121 + E against top 127: E = scale - top + 6), both nibbles
+codes = torch.arange(32) % 16
+rows = torch.stack([codes, codes.flip(0)])  # a code in the low and in the high nibble
+k = 32 * 15
+full = rows.repeat(1, 15)
+packed = (full[:, 0::2] | (full[:, 1::2] << 4)).to(torch.uint8)
+scales = (torch.arange(15) + 113).to(torch.uint8).repeat(2, 1)  # E = -8 .. 6
+top = torch.full((2,), 127, dtype=torch.int32)
+out = torch.full((2, k), 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)  # NaN
+widen.widen(packed, scales, top, out=out)
+table = torch.tensor(mx.E2M1_VALUES, dtype=torch.float64)
+value = table[full % 8] * torch.where(full >= 8, -1.0, 1.0).double()
+e = (torch.arange(15) - 8).repeat_interleave(32).double()
+want = (value * torch.pow(2.0, e)).to(torch.float8_e4m3fn)
+bad = (out.view(torch.uint8) != want.view(torch.uint8)).nonzero()
+assert bad.numel() == 0, [(tuple(b), out[tuple(b)].item(), want[tuple(b)].item()) for b in bad[:6].tolist()]
+print("interpreter-ok")
+"""
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_widening_bytes_of_every_code_at_every_exponent_under_the_interpreter():
+    """Against torch's cast of the exact value (an independent encoder), -0 included."""
+    run_under_interpreter(EVERY_CODE_SCRIPT)
+
+
 PREPARE_SCRIPT = r"""
 import sys
 import torch

@@ -14,9 +14,14 @@ arithmetic of zero-code blocks finite. The values are those the fp8 Triton GEMM 
 in registers; here they go to memory once per call for the GPU's own fp8 GEMM
 (:mod:`radiance_ar.overlap.mxfp4_routes`).
 
-Each value: the code becomes the fp16 bits ``(c & 7) << 9`` (sign to bit 15), which is
-e2m1(c) * 2^-14 exactly (code 1 is the fp16 subnormal 2^-15), widened to fp32, times
-2^(E + 14) (an fp32 built from its exponent bits), then cast to e4m3: every step exact.
+Each value is encoded in integer arithmetic, no float conversion: a code's magnitude m
+(3 bits) is 2^(x) (1 + f/2) with x = (m >> 1) - 1, f = m & 1 for m >= 2, and 2^-1 for
+m = 1; times 2^E its e4m3 exponent field is F = x + E + 7, its mantissa f << 2; F >= 1 is
+a normal byte ``F << 3 | f << 2``, F <= 0 (down to -2) the subnormal ``(8 | f << 2) >> (1 - F)``,
+exact because the value is representable (the plan's guarantee). The 2026-12-04 H200 run of
+the float version (fp16 bits, an fp32 product, Triton's fp8 cast, packed 16-bit stores)
+wrote wrong bytes in every fourth column on the GPU while its interpreter bits were
+right; this version uses none of those steps.
 Memory bound: half a byte and 1/32 of a scale byte in, one byte out a value.
 """
 
@@ -41,53 +46,50 @@ def _mxfp4_widen_fp8_kernel(
     w_ptr,  # *uint8 [N, K/2]: packed e2m1 codes, element 2j in the low nibble
     ws_ptr,  # *uint8 [N, K/32]: e8m0 scales
     top_ptr,  # *int32 [N]: the plan's top scale byte per channel (widened to E = 6)
-    out_ptr,  # *int16 [N, K/2]: the widened weight, two e4m3 bytes a word
+    out_ptr,  # *uint8 [N, K]: the widened weight's e4m3 bytes
     N,  # output channels
     K,  # input channels, a multiple of 32
     w_row_stride,  # bytes between rows of the codes
     ws_row_stride,  # bytes between rows of the scales
-    out_row_stride,  # 16-bit words between rows of out
+    out_row_stride,  # bytes between rows of out
     BLOCK_N: tl.constexpr,  # channels a program
     BLOCK_K: tl.constexpr,  # K values a program, a multiple of 32
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     load_n = tl.minimum(offs_n, N - 1).to(tl.int64)
-    k0 = tl.program_id(1) * BLOCK_K
-    offs_kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    offs_kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    w = tl.load(w_ptr + load_n[:, None] * w_row_stride + offs_kb[None, :],
-                mask=offs_kb[None, :] < K // 2, other=0)
-    ws = tl.load(ws_ptr + load_n[:, None] * ws_row_stride + offs_kg[None, :],
-                 mask=offs_kg[None, :] < K // 32, other=127)
+    offs_kb = tl.program_id(1) * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # packed bytes
+    in_k = offs_kb[None, :] < K // 2
+    w = tl.load(w_ptr + load_n[:, None] * w_row_stride + offs_kb[None, :], mask=in_k,
+                other=0).to(tl.int32)
+    # each byte's own scale (16 bytes share one): a repeated load, no reshape
+    ws = tl.load(ws_ptr + load_n[:, None] * ws_row_stride + (offs_kb // 16)[None, :],
+                 mask=in_k, other=127).to(tl.int32)
     top = tl.load(top_ptr + load_n)
-    e = tl.minimum(tl.maximum(ws.to(tl.int32) - top[:, None], -14), 0) + 6
-    factor = ((e + 14 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(E + 14)
-    lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
-    hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
-    # A packed byte's two values leave as one 16-bit word, first value in the low byte
-    # (little-endian: memory order), so the stores are as wide as the loads.
-    lo8 = _widen_half(lo, factor, BLOCK_N, BLOCK_K)
-    hi8 = _widen_half(hi, factor, BLOCK_N, BLOCK_K)
-    pair = lo8.to(tl.int16) | (hi8.to(tl.int16) << 8)
-    mask = (offs_n[:, None] < N) & (offs_kb[None, :] < K // 2)
-    tl.store(out_ptr + offs_n.to(tl.int64)[:, None] * out_row_stride + offs_kb[None, :],
-             pair, mask=mask)
+    e = tl.minimum(tl.maximum(ws - top[:, None], -14), 0) + 6
+    mask = (offs_n[:, None] < N) & in_k
+    row = out_ptr + offs_n.to(tl.int64)[:, None] * out_row_stride
+    tl.store(row + 2 * offs_kb[None, :], _e4m3_byte(w & 0xF, e).to(tl.uint8), mask=mask)
+    tl.store(row + 2 * offs_kb[None, :] + 1, _e4m3_byte(w >> 4, e).to(tl.uint8), mask=mask)
 
 
-def _widen_half(bits, factor, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp16 bits e2m1(c) * 2^-14 [BLOCK_N, BLOCK_K/2] times 2^(E + 14) per 16 of them ->
-    the e4m3 bytes (as uint8)."""
-    v = bits.to(tl.float16, bitcast=True).to(tl.float32).reshape(BLOCK_N, BLOCK_K // 32, 16)
-    v = (v * factor[:, :, None]).reshape(BLOCK_N, BLOCK_K // 2)
-    return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+def _e4m3_byte(code, e):
+    """The e4m3 byte of e2m1(``code``) * 2^``e`` (int32 tensors; module doc)."""
+    m = code & 7
+    normal_code = m >= 2
+    x = tl.where(normal_code, (m >> 1) - 1, -1)
+    mant = tl.where(normal_code, (m & 1) << 2, 0)
+    f = x + e + 7
+    sub = (8 | mant) >> tl.minimum(tl.maximum(1 - f, 0), 3)
+    byte = tl.where(f >= 1, (f << 3) | mant, sub)
+    return tl.where(m == 0, 0, byte) | ((code & 8) << 4)
 
 
 def _kernel() -> Any:
     global _jitted
     if _jitted is None:
-        global _widen_half
+        global _e4m3_byte
         _jitted = lazy_jit.jit(_mxfp4_widen_fp8_kernel, globals())
-        _widen_half = lazy_jit.jit(_widen_half, globals())
+        _e4m3_byte = lazy_jit.jit(_e4m3_byte, globals())
     return _jitted
 
 
@@ -110,10 +112,9 @@ def widen(w: torch.Tensor, w_scale: torch.Tensor, top: torch.Tensor,
                          f"plan's), got {tuple(top.shape)} {top.dtype}")
     if out is None:
         out = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
-    if out.dtype != torch.float8_e4m3fn or tuple(out.shape) != (n, k) or out.stride(1) != 1 \
-            or out.stride(0) % 2 or out.data_ptr() % 2:
+    if out.dtype != torch.float8_e4m3fn or tuple(out.shape) != (n, k) or out.stride(1) != 1:
         raise ValueError(f"mxfp4_widen_fp8: out must be float8_e4m3fn ({n}, {k}) with unit "
-                         f"column stride, even row stride and address, got "
+                         f"column stride, got "
                          f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
     for label, t in (("w_scale", w_scale), ("top", top), ("out", out)):
         if t.device != w.device:
@@ -125,7 +126,7 @@ def widen(w: torch.Tensor, w_scale: torch.Tensor, top: torch.Tensor,
         return out
     grid = (-(-n // BLOCK_N), -(-k // BLOCK_K))
     with torch.cuda.device(w.device) if w.device.type == "cuda" else contextlib.nullcontext():
-        _kernel()[grid](w, w_scale, top, out.view(torch.int16), n, k, w.stride(0),
-                        w_scale.stride(0), out.stride(0) // 2, BLOCK_N=BLOCK_N,
+        _kernel()[grid](w, w_scale, top, out.view(torch.uint8), n, k, w.stride(0),
+                        w_scale.stride(0), out.stride(0), BLOCK_N=BLOCK_N,
                         BLOCK_K=BLOCK_K, num_warps=4)
     return out
