@@ -172,6 +172,10 @@ def test_gpu_quantize_fp8_rows_bits_match_the_reference():
 
 #: the default config (weight widened in PTX), the same widened in Triton ops, and the
 #: MMA's own accumulation (no fp32 promotion)
+#: the share of sum |x w| the fp8 MMA's own short sums (promote_k products each) may lose
+#: on the GPU, the kernel module's bound: column 0 of edge_weight lost 2^-11.8 of its first
+#: 128 products' magnitude on the H200 (2026-12-04), above what fp32 sums alone allow
+MMA_SHORT_SUMS = 2 ** -10
 GPU_CONFIGS = {"default": fk.DEFAULT_CONFIG,
                "triton_ops": dataclasses.replace(fk.DEFAULT_CONFIG, widen_asm=False),
                "hardware_acc": fk.LaunchConfig(128, 256, 128, 8, False, 8, 3, 0, True)}
@@ -206,7 +210,8 @@ def test_gpu_kernel_writes_its_slice_within_the_bound(config):
     assert rel <= max(1.7e-3, 1.05 * floor), (config, rel, floor)
     mag = mx.dequantize_activation(xq[a:b], xs[a:b]).abs() @ mx.dequantize_weight(
         packed, scales).abs().t()
-    assert bool(((got - want).abs() <= 2 ** -8 * want.abs() + (k + 2) * 2 ** -24 * mag).all())
+    assert bool(((got - want).abs() <= 2 ** -8 * want.abs()
+                 + ((k + 2) * 2 ** -24 + MMA_SHORT_SUMS) * mag).all())
 
 
 @pytest.mark.gpu
@@ -223,7 +228,7 @@ def test_gpu_kernel_at_the_range_edges(config):
     ref = mx.reference(xq, xs, packed, scales)
     mag = mx.dequantize_activation(xq, xs).abs() @ mx.dequantize_weight(packed, scales).abs().t()
     err = (out.double() - ref).abs()
-    bad = err > 2 ** -23 * ref.abs() + (k + 2) * 2 ** -24 * mag + 2 ** -149
+    bad = err > 2 ** -23 * ref.abs() + ((k + 2) * 2 ** -24 + MMA_SHORT_SUMS) * mag + 2 ** -149
     # which of edge_weight's columns (their cases: its doc) and how: the gate to add
     # (ColumnPlan.fits) follows from them
     cols = bad.any(dim=0).nonzero().flatten().tolist()

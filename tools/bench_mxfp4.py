@@ -174,10 +174,7 @@ def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
 
     xin = xq.to(kernel.activation_dtype(xq.device))
     xins = [xin] + [xin.clone() for _ in range(copies - 1)]
-    # measured while the router keeps it off (mxfp4_routes.CUBLAS_OFF), and still a failure
-    # when wrong: the run that would turn it on is this one
-    off = " (off in the router)" if routes.CUBLAS_OFF else ""
-    arms = [("route cublas_fp8: widen w + _scaled_mm rowwise" + off, cublas_fp8),
+    arms = [("route cublas_fp8: widen w + _scaled_mm rowwise", cublas_fp8),
             ("route triton_fp8: table config",
              lambda i: fp8_kernel.mxfp4_fp8_gemm(xqs[i % copies], xs, packed, scales, plan,
                                                  out=out)),

@@ -8,11 +8,10 @@ GEMM with rowwise scales: the per-token activation scale and ``col_scale`` per c
 both applied in the GEMM's epilogue. The products are exact and ``col_scale`` is a power
 of two, so the result is the fp32 sum of the exact products times x_scale, rounded to
 bf16, as on the Triton routes (up to summation order and the fp8 GEMM's accumulation,
-fast accumulation off). It pays the widening (at 8192 x 5120 x 4352 about 0.01-0.02 ms
-of memory traffic against a 0.30 ms fp8 GEMM), so it is for prefill-sized calls.
-
-The route is off (:data:`CUBLAS_OFF`, the reason :func:`cublas_refusal` returns) until
-its GPU tests pass: on the H200 it returned wrong results.
+fast accumulation off). It pays the widening every call (0.096 ms at 5120 x 4352 on the
+H200 beside a 0.27 ms fp8 GEMM at 8192 rows), so it is for prefill-sized calls
+(:data:`CUBLAS_MIN_ROWS`); the widened weight is scratch, not kept (a kept copy would
+double an MXFP4 weight's memory).
 
 Otherwise the packed weight goes to a Triton kernel (the bf16-widening
 ``mxfp4_w4a8`` for a weight that does not fit, with a warning naming the reason once per
@@ -39,11 +38,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
 
 #: The cuBLAS fp8 route pays the widening, N x K bytes written and read again; below this
-#: many rows the Triton kernels, which read the 4-bit weight directly, are expected to
-#: win. Estimated from the H200 bench numbers of 2026-12-03 (break-even near 180 rows at
-#: 339 vs 1222 TFLOP/s and 3.3 TB/s), not yet measured: ``tools/bench_mxfp4.py --sweep``
-#: times both routes from 256 rows up.
-CUBLAS_MIN_ROWS = 256
+#: many rows the fp8 Triton kernel, which reads the 4-bit weight directly, wins. From the
+#: H200 runs of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-fp8/): per row the Triton
+#: kernel costs 1.2-3.1e-5 ms more than torch's fp8 GEMM over the sweep's shapes, and the
+#: widening 0.056-0.19 ms, so the routes break even between about 3000 and 4600 rows.
+CUBLAS_MIN_ROWS = 4096
 
 #: column plans by scale tensor: (the versions and codes they were made from, the plan)
 _PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -78,26 +77,12 @@ def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan
     return plan
 
 
-#: Why the router does not take the cuBLAS fp8 route, while it is off: on the H200 run
-#: of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-fp8-branch) it returned relative
-#: error 2.0 against float64 at 8192 x 5120 x 4352, where the same operands on the CPU
-#: (torch._scaled_mm, the widening under Triton's interpreter) are exact
-#: (tests/test_mxfp4_routes.py). Its GPU tests compare the widening kernel's bits with
-#: the dequantized weight over the column scales, and torch's GEMM of those reference
-#: bits with float64, so they say which of the two is wrong; until both pass on the GPU
-#: this stays set ("" turns the route on).
-CUBLAS_OFF = ("route cublas_fp8 is off: it returned relative error 2.0 on the H200 "
-              "(2026-12-04) and is not yet shown exact on a GPU")
-
-
 def cublas_refusal(device: torch.device, x_dtype: torch.dtype, rows: int, n: int) -> str:
     """Why a call of ``rows`` tokens into N = n channels cannot take the cuBLAS fp8 route,
-    or "" when it can: the route is on (:data:`CUBLAS_OFF`), an NVIDIA Hopper GPU (where
+    or "" when it can: an NVIDIA Hopper GPU (where
     it was built; torch's rowwise fp8 GEMM wants a bf16 output and N a multiple of 16),
     at least :data:`CUBLAS_MIN_ROWS` rows. A weight's own fit (its column plan) is the
     caller's other condition."""
-    if CUBLAS_OFF:
-        return CUBLAS_OFF
     if device.type != "cuda" or torch.version.hip:
         return f"{device} is not an NVIDIA GPU"
     if torch.cuda.get_device_capability(device)[0] != 9:

@@ -45,9 +45,17 @@ recursive fp32 sum of K exact products and the two scale products), plus half th
 output's least subnormal where the result is subnormal. Hopper's fp8 MMA adds inside
 its instructions with fewer bits than fp32 (DeepSeek-V3 report: about 14): with
 ``promote_k`` Triton adds each ``promote_k`` products' partial sum into an fp32
-accumulator, so only those short sums are the MMA's (the GPU tests hold promoted
-configs to the bound above and to the issue's 1.7e-3 relative RMS); with 0 the whole
-sum is the MMA's, measured (tools/tune_mxfp4_fp8.py) rather than bounded.
+accumulator, so only those short sums are the MMA's, and on the GPU the bound gains a
+term for them::
+
+    + 2^-10 * sum_k |x[m, k] w[n, k]|
+
+(measured on the H200, 2026-12-04: a channel whose first block holds every code at the
+top of e4m3's range lost 2^-11.8 of its first 128 products' magnitude; the GPU tests
+hold promoted configs to this bound, at the range edges too, and to 1.7e-3 relative RMS
+on random data). With 0 the whole sum is the MMA's, measured (tools/tune_mxfp4_fp8.py)
+rather than bounded. The cuBLAS route (:mod:`radiance_ar.overlap.mxfp4_routes`) met the
+fp32 bound alone on the same channel.
 
 Tiles, bands (GROUP_M) and operand order (W_LHS) as in ``mxfp4_w4a8``; K is a multiple
 of 32 and, unless EVEN_K, the last K step is masked. Triton is imported at the first
