@@ -86,6 +86,10 @@ def test_quantize_activation_per_token():
     assert xq.dtype == torch.float8_e4m3fn and scale.shape == (5,)
     assert xq.float()[[0, 1, 2, 4]].abs().amax(dim=1).tolist() == [448.0] * 4
     assert not bool(xq.float()[3].any())
+    # the scale is the quotient rounded once to fp32 (the float64 quotient of fp32 values
+    # rounded to fp32 is that: 53 >= 2 * 24 + 2 bits), not amax times a rounded 1/448
+    want = (x.double().abs().amax(dim=1) / 448).float().clamp_min(1e-12)
+    assert torch.equal(scale, want)
     back = mx.dequantize_activation(xq, scale)
     # e4m3 keeps 3 mantissa bits: half a step is 2^-4 of the value, or 2^-10 * scale
     # below the normal range

@@ -8,7 +8,11 @@ the kernel alone on already quantized operands, median of CUDA-event times after
 warm-up, the activation rotated over copies that exceed the L2 (tools/gpu_timing.py).
 The same is measured for ``torch._scaled_mm`` fp8 rowwise (e4m3 both sides, per-token
 and per-channel scales) and bf16 ``torch.mm``, and for the producer's ``prepare``
-(per-token quantization; the op runs it once per call). The table (TFLOP/s = 2MNK / t)
+(per-token quantization; the op runs it once per call), the one-pass quantize kernel
+(same bits as the torch reference, checked) and the fp8 route (the weight widened to e4m3,
+then ``torch._scaled_mm`` rowwise; :mod:`radiance_ar.overlap.mxfp4_routes`) beside the
+Triton routes (fp8 and bf16 MMA). ``--sweep`` times both routes over the prefill bench's o_proj and down_proj
+shapes at M = 256 .. 16384 (the fp8 route's row threshold). The table (TFLOP/s = 2MNK / t)
 is how the offline table ``CONFIGS`` is tuned: put a measured winner there and cite
 the run.
 
@@ -19,6 +23,7 @@ the wgmma pipeline (warning C7515).
 
     python tools/bench_mxfp4.py                                  # GPU
     python tools/bench_mxfp4.py --config 256,128,64,8,1,1,8,3,bf16 --json out.json
+    python tools/bench_mxfp4.py --sweep --reps 20 --json sweep.json
     python tools/bench_mxfp4.py --compile-only --arch 90        # no GPU needed
 """
 
@@ -36,8 +41,12 @@ import torch
 
 import gpu_timing
 import metrics
+from radiance_ar.overlap import mxfp4_routes as routes
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap import producers
+from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
+from radiance_ar.overlap.kernels import mxfp4_widen_fp8
+from radiance_ar.overlap.kernels.quantize_fp8_rows import quantize_fp8_rows
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
 from radiance_ar.overlap.scratch import ScratchPool
 
@@ -125,10 +134,106 @@ def bench(args: argparse.Namespace, candidates) -> list[dict]:
     xbs = [x] + [x.clone() for _ in range(copies - 1)]
     ms = timed(lambda i: torch.mm(xbs[i % copies], w.t(), out=out), args.reps, args.warmup)
     rows.append({"kernel": "torch.mm bf16", "ms": ms, "tflops": tflops(m, n, k, ms)})
+    q8 = torch.empty_like(xq)
+    qs = torch.empty_like(xs)
+    quantize_fp8_rows(x, out=q8, scale_out=qs)
+    same = torch.equal(q8.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(qs, xs)
+    ms = timed(lambda i: quantize_fp8_rows(xbs[i % copies], out=q8, scale_out=qs),
+               args.reps, args.warmup)
+    rows.append({"kernel": "quantize x: one-pass kernel", "ms": ms, "same_bits": same,
+                 "gb_per_s": 3 * m * k / (ms * 1e-3) / 1e9})
+    ms = timed(lambda i: mx.quantize_activation(xbs[i % copies], out=q8), args.reps, args.warmup)
+    rows.append({"kernel": "quantize x: torch reference", "ms": ms})
+    rows += route_rows(args, m, n, k, x, w, packed, scales, copies)
     prod, scratch = producers.get(mx.NAME), ScratchPool()
     ms = timed(lambda i: prod.prepare(xbs[i % copies], packed, scales, scratch),
                args.reps, args.warmup)
-    rows.append({"kernel": "producer prepare (quantize x)", "ms": ms})
+    rows.append({"kernel": "producer prepare (quantize x, widen w on the fp8 route)", "ms": ms})
+    return rows
+
+
+def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
+    """The three routes of the producer (radiance_ar/overlap/mxfp4_routes.py) on already
+    quantized x, each checked on its first rows against float64, then timed: cublas_fp8
+    (widen + torch._scaled_mm rowwise, both timed), triton_fp8 and triton_bf16 (their
+    table configs)."""
+    plan = fp8_kernel.plan_columns(packed, scales)
+    if not plan.fits:
+        return [{"kernel": f"fp8 routes: {plan.reason}", "error": "does not fit"}]
+    xq, xs = quantize_fp8_rows(x)
+    ref = mx.reference(xq[:CHECK_ROWS], xs[:CHECK_ROWS], packed, scales)
+    xqs = [xq] + [xq.clone() for _ in range(copies - 1)]
+    w8 = torch.empty(n, k, dtype=FP8, device="cuda")
+    out = torch.empty(m, n, dtype=BF16, device="cuda")
+    col_scale = plan.col_scale.reshape(1, -1)
+
+    def cublas_fp8(i: int) -> None:
+        mxfp4_widen_fp8.widen(packed, scales, plan.top, out=w8)
+        torch._scaled_mm(xqs[i % copies], w8.t(), scale_a=xs[:, None], scale_b=col_scale,
+                         out_dtype=BF16, out=out)
+
+    xin = xq.to(kernel.activation_dtype(xq.device))
+    xins = [xin] + [xin.clone() for _ in range(copies - 1)]
+    arms = [("route cublas_fp8: widen w + _scaled_mm rowwise", cublas_fp8),
+            ("route triton_fp8: table config",
+             lambda i: fp8_kernel.mxfp4_fp8_gemm(xqs[i % copies], xs, packed, scales, plan,
+                                                 out=out)),
+            (f"route triton_bf16: table config ({kernel.row_class(m)})",
+             lambda i: kernel.mxfp4_w4a8_gemm(xins[i % copies], xs, packed, scales, out=out))]
+    rows = []
+    for name, fn in arms:
+        out.fill_(float("nan"))
+        try:
+            fn(0)
+        except Exception as e:  # a route this Triton cannot compile: listed, and a failure
+            rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            continue
+        err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
+        ms = timed(fn, args.reps, args.warmup)
+        rows.append({"kernel": name, "ms": ms, "tflops": tflops(m, n, k, ms),
+                     "rel_rms_err": err})
+    ms = timed(lambda i: mxfp4_widen_fp8.widen(packed, scales, plan.top, out=w8),
+               args.reps, args.warmup)
+    rows.append({"kernel": "route cublas_fp8: widen w alone", "ms": ms,
+                 "gb_per_s": (n * k * 1.5 + n * k / 32) / (ms * 1e-3) / 1e9})
+    return rows
+
+
+#: (model, layer, N, K) of one rank: o_proj and down_proj of the prefill bench's models
+#: (tools/model_shapes.py) at their tensor-parallel degree
+SWEEP_SHAPES = [("llama-3.1-8b tp2", "o_proj", 4096, 2048),
+                ("llama-3.1-8b tp2", "down_proj", 4096, 7168),
+                ("llama-3.1-70b tp4", "o_proj", 8192, 2048),
+                ("llama-3.1-70b tp4", "down_proj", 8192, 7168),
+                ("qwen3-32b tp4", "o_proj", 5120, 2048),
+                ("qwen3-32b tp4", "down_proj", 5120, 6400)]
+SWEEP_ROWS = (256, 1024, 2048, 4096, 8192, 16384)
+
+
+def sweep(args: argparse.Namespace) -> list[dict]:
+    """Both routes and torch's fp8 rowwise GEMM at every sweep shape and M."""
+    rows = []
+    for model, layer, n, k in SWEEP_SHAPES:
+        g = torch.Generator().manual_seed(0)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(BF16).cuda()
+        packed, scales = mx.quantize_weight(w)
+        w8 = (w.float() / (w.float().abs().amax(1, keepdim=True) / 448)).to(FP8)
+        w8_scale = (w.float().abs().amax(1) / 448).reshape(1, -1)
+        for m in args.sweep_rows:
+            x = torch.randn(m, k, generator=g).to(BF16).cuda()
+            copies = gpu_timing.copies_for(x)
+            xq, xs = quantize_fp8_rows(x)
+            x8s = [xq] + [xq.clone() for _ in range(copies - 1)]
+            out = torch.empty(m, n, dtype=BF16, device="cuda")
+            ms = timed(lambda i: torch._scaled_mm(x8s[i % copies], w8.t(), scale_a=xs[:, None],
+                                                  scale_b=w8_scale, out_dtype=BF16, out=out),
+                       args.reps, args.warmup)
+            base = {"model": model, "layer": layer, "m": m, "n": n, "k": k}
+            rows.append(dict(base, kernel="torch._scaled_mm fp8 rowwise", ms=ms,
+                             tflops=tflops(m, n, k, ms)))
+            for r in route_rows(args, m, n, k, x, w, packed, scales, copies):
+                rows.append(dict(base, **r))
+            del x8s
     return rows
 
 
@@ -188,7 +293,8 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    keys = [k for k in ("ms", "tflops", "rel_rms_err", "shared_bytes", "registers",
+    keys = [k for k in ("m", "n", "k", "ms", "tflops", "gb_per_s", "rel_rms_err", "same_bits",
+                        "shared_bytes", "registers",
                         "spill_bytes", "wgmma_serialized") if any(k in r for r in rows)]
     width = max(len(r["kernel"]) for r in rows)
     print(f"{'kernel':<{width}}  " + "  ".join(f"{k:>16}" for k in keys))
@@ -200,6 +306,31 @@ def print_table(rows: list[dict]) -> None:
         extra = f"  {r['error']}" if "error" in r else (
             "  WRONG: not timed" if "rel_rms_err" in r and "ms" not in r else "")
         print(f"{r['kernel']:<{width}}  " + "  ".join(f"{c:>16}" for c in cells) + extra)
+
+
+#: the sweep table's columns: (heading, row label prefix)
+SWEEP_COLUMNS = (("fp8 rowwise", "torch._scaled_mm"), ("cublas_fp8", "route cublas_fp8: widen w +"),
+                 ("widen", "route cublas_fp8: widen w alone"), ("triton_fp8", "route triton_fp8"),
+                 ("triton_bf16", "route triton_bf16"))
+
+
+def print_sweep(rows: list[dict]) -> None:
+    """One line per shape and M: ms of torch's fp8 rowwise GEMM and of each route, and the
+    best route's ratio to fp8 rowwise."""
+    cells: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        key = (r["model"], r["layer"], r["m"], r["n"], r["k"])
+        for head, prefix in SWEEP_COLUMNS:
+            if r["kernel"].startswith(prefix) and "ms" in r:
+                cells.setdefault(key, {})[head] = r["ms"]
+    heads = [h for h, _ in SWEEP_COLUMNS]
+    print(f"{'model':<18} {'layer':<9} {'m':>6} {'n':>5} {'k':>5}  "
+          + "  ".join(f"{h:>11}" for h in heads) + "  best/fp8")
+    for key, ms in cells.items():
+        routes = [ms[h] for h in ("cublas_fp8", "triton_fp8", "triton_bf16") if h in ms]
+        ratio = min(routes) / ms["fp8 rowwise"] if routes and "fp8 rowwise" in ms else float("nan")
+        print(f"{key[0]:<18} {key[1]:<9} {key[2]:>6} {key[3]:>5} {key[4]:>5}  "
+              + "  ".join(f"{ms.get(h, float('nan')):>11.4f}" for h in heads) + f"  {ratio:>8.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-only", action="store_true",
                    help="compile for --arch with the installed Triton; no GPU needed")
     p.add_argument("--arch", default="90", help="--compile-only target: 90, 100 or gfx950")
+    p.add_argument("--sweep", action="store_true",
+                   help="instead: both routes and fp8 rowwise at the o_proj/down_proj shapes "
+                        "of the prefill bench's models, M = 256 .. 16384")
+    p.add_argument("--sweep-rows", type=lambda t: [int(v) for v in t.split(",")],
+                   default=list(SWEEP_ROWS), help="--sweep's M values, comma-separated")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     if min(args.m, args.n, args.k, args.reps) < 1 or args.k % kernel.MX_GROUP:
@@ -227,16 +363,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_only:
         print(f"# mxfp4_w4a8 configs compiled for {args.arch}, Triton {triton.__version__}")
         rows = compile_only(args, candidates)
+    elif args.sweep:
+        print(f"# mxfp4_w4a8 routes over the prefill shapes on {torch.cuda.get_device_name()}, "
+              f"Triton {triton.__version__}, median of {args.reps} after {args.warmup}", flush=True)
+        rows = sweep(args)
     else:
         print(f"# mxfp4_w4a8 GEMM {args.m} x {args.n} x {args.k} on "
               f"{torch.cuda.get_device_name()}, Triton {triton.__version__}, "
               f"median of {args.reps} after {args.warmup}", flush=True)
         rows = bench(args, candidates)
-    print_table(rows)
+    if args.sweep:
+        print_sweep(rows)
+    else:
+        print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"m": args.m, "n": args.n, "k": args.k, "rows": rows}, f, indent=1)
-    return 0
+    failed = [r["kernel"] for r in rows if r.get("same_bits") is False
+              or (r["kernel"].startswith("route ") and "error" in r)
+              or (r["kernel"].startswith("route ") and "tflops" in r
+                  and not r.get("rel_rms_err", 0.0) <= ERROR_BOUND)]
+    if failed:
+        print(f"FAILED: {', '.join(failed)} (different bits from the reference quantizer, or a "
+              f"route's error above {ERROR_BOUND:.3g})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Math, for an activation x [M, K] (bf16/fp16/fp32) and a quantized weight (wq, ws)::
 
-    x_scale[m] = max(max_k |x[m, k]|, 448e-12) / 448                    (fp32)
+    x_scale[m] = max(fl32(max_k |x[m, k]| / 448), 1e-12)    (one rounded division)
     xq[m, k]   = e4m3(x[m, k] / x_scale[m])          (round to nearest even)
     y[m, n]    = x_scale[m] * sum_k xq[m, k] * e2m1(wq[n, k]) * 2^(ws[n, k // 32] - 127)
 
@@ -21,16 +21,25 @@ saturating at +-6. :func:`dequantize_weight` and :func:`reference` are the float
 definition the kernel (:mod:`radiance_ar.overlap.kernels.mxfp4_w4a8`) is checked against.
 
 The producer quantizes x per token in ``prepare`` (once per call, row-independent, so
-slicing stays exact) and launches the Triton kernel per row slice on the given stream.
+slicing stays exact) and launches per row slice on the given stream one of three routes
+(:data:`ROUTES`, chosen per call in :func:`prepare`; :mod:`radiance_ar.overlap.mxfp4_routes`).
 Triton is imported at the first launch: importing this module needs torch only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from radiance_ar import envs
+from radiance_ar.overlap import mxfp4_routes as routes
 from radiance_ar.overlap import producers
+from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
+from radiance_ar.overlap.kernels import mxfp4_widen_fp8 as widen_fp8
+from radiance_ar.overlap.kernels.mxfp4_fp8_gemm import ColumnPlan
+from radiance_ar.overlap.kernels.quantize_fp8_rows import quantize_fp8_rows
 from radiance_ar.overlap.producers import FP8, FP8_MAX, Prepared
 from radiance_ar.overlap.scratch import ScratchPool
 
@@ -57,7 +66,13 @@ def quantize_activation(x: torch.Tensor, out: torch.Tensor | None = None,
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"quantize_activation: x must be a 2-D float tensor, got "
                          f"{tuple(x.shape)} {x.dtype}")
-    x_scale = (x.abs().amax(dim=1).float() / FP8_MAX).clamp_min(_MIN_X_SCALE)
+    # The divisor is a tensor on x's device: torch on CUDA divides by a Python number as
+    # a multiplication by its rounded reciprocal (ATen's div_true_kernel_cuda), whose
+    # bits differ from the division's in about half of the cases (1e6 amax values on the
+    # CPU: 549084); the division, rounded once, is the definition on every device and
+    # what the one-pass kernel computes (div_rn).
+    divisor = torch.full((), FP8_MAX, dtype=torch.float32, device=x.device)
+    x_scale = (x.abs().amax(dim=1).float() / divisor).clamp_min(_MIN_X_SCALE)
     if out is None:
         out = torch.empty(x.shape, dtype=FP8, device=x.device)
     torch.div(x.float(), x_scale[:, None], out=out)
@@ -139,28 +154,80 @@ def check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | No
                          f"shape {shape}, one per {MX_GROUP} K values, got {got}")
 
 
+@dataclass
+class MxPrepared(Prepared):
+    """:class:`Prepared` with the route the call takes and, on the fp8 routes, the
+    weight's column plan."""
+    route: str = "triton_bf16"
+    plan: ColumnPlan | None = None
+
+
+#: the routes (:mod:`radiance_ar.overlap.mxfp4_routes`): the weight widened to e4m3 in
+#: memory then torch's fp8 GEMM; widened in registers by the fp8 Triton kernel; or by the
+#: bf16 (or, where the GPU has them, scaled-MMA) Triton kernel
+ROUTES = ("cublas_fp8", "triton_fp8", "triton_bf16")
+
+
 def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
             scratch: ScratchPool) -> Prepared:
     """Per-token fp8 quantization of x into a persistent buffer, on the caller's stream
-    (widened to bf16 where the device's kernel configs read bf16, see
-    :func:`radiance_ar.overlap.kernels.mxfp4_w4a8.activation_dtype`); the scales are a per-call
-    tensor (the pipeline orders the caller's stream after every side-stream read before
-    it returns)."""
+    (one kernel, :mod:`radiance_ar.overlap.kernels.quantize_fp8_rows`, the bits of
+    :func:`quantize_activation`), then the route's weight (module doc of
+    :mod:`radiance_ar.overlap.mxfp4_routes`):
+
+    - ``cublas_fp8``: the weight widened to e4m3 into a persistent buffer, its column
+      scales as the GEMM's rowwise weight scales;
+    - ``triton_fp8``: the packed weight and its column plan;
+    - ``triton_bf16``: the packed weight, the activation stored as the device's kernel
+      configs read it (:func:`radiance_ar.overlap.kernels.mxfp4_w4a8.activation_dtype`).
+
+    The scales are per-call tensors (the pipeline orders the caller's stream after every
+    side-stream read before it returns)."""
     check(x, weight, weight_scale)
-    xq = scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device)
-    xq, x_scale = quantize_activation(x, out=xq)
+    assert weight_scale is not None  # check() refused None
+    xq, x_scale = _quantize(x, scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device))
+    if fp8_kernel.has_fp8_mma(x.device) or envs.triton_interpreter():
+        plan = routes.cached_plan(weight, weight_scale)
+        if plan.fits and not routes.cublas_refusal(x.device, x.dtype, x.shape[0],
+                                                   weight.shape[0]):
+            w8 = scratch.get("mxfp4_w8", (weight.shape[0], x.shape[1]), FP8, x.device)
+            widen_fp8.widen(weight, weight_scale, plan.top, out=w8)
+            return MxPrepared(xq, w8, x_scale, plan.col_scale.reshape(1, -1), "cublas_fp8", plan)
+        if plan.fits:
+            return MxPrepared(xq, weight, x_scale, weight_scale, "triton_fp8", plan)
     storage = kernel.activation_dtype(x.device)
     if storage != FP8:  # the same values, widened for this GPU's kernel configs
-        widened = scratch.get("mxfp4_xq_wide", tuple(x.shape), storage, x.device)
-        xq = widened.copy_(xq)
-    return Prepared(xq, weight, x_scale, weight_scale)
+        xq = scratch.get("mxfp4_xq_wide", tuple(x.shape), storage, x.device).copy_(xq)
+    return MxPrepared(xq, weight, x_scale, weight_scale, "triton_bf16")
+
+
+def _quantize(x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-pass kernel where kernels run; elsewhere (a CPU without the interpreter,
+    where no route can launch) the reference, the same bits."""
+    if x.is_cuda or envs.triton_interpreter():
+        return quantize_fp8_rows(x, out=out)
+    return quantize_activation(x, out=out)
 
 
 def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
-    """Rows ``a:b`` of the product into the view ``out`` on ``stream`` (a raw handle)."""
-    kernel.mxfp4_w4a8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, out=out,
-                           stream=stream)
+    """Rows ``a:b`` of the product into the view ``out`` on ``stream`` (a raw handle), by
+    the prepared route. torch's fp8 GEMM runs on the current stream, which the pipeline
+    makes ``stream`` (as for the fp8_rowwise producer)."""
+    assert isinstance(p, MxPrepared)
+    if p.route == "cublas_fp8":
+        torch._scaled_mm(p.x[a:b], p.weight.t(), scale_a=p.x_scale[a:b].unsqueeze(1),
+                         scale_b=p.weight_scale, out_dtype=out.dtype, out=out)
+    elif p.route == "triton_fp8":
+        fp8_kernel.mxfp4_fp8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, p.plan,
+                                  out=out, stream=stream)
+    else:
+        kernel.mxfp4_w4a8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, out=out,
+                               stream=stream)
 
 
+#: interior slices start on multiples of 16 rows: the fp8 route's rowwise GEMM needs its
+#: slice of the fp32 per-token scales 16-byte aligned (as the fp8_rowwise producer's)
+SLICE_ROW_ALIGN = producers.ScaledMMRowwise.slice_row_align
 producers.register_external(NAME, launch, prepare=prepare, needs_weight_scale=True,
-                            values_per_weight_element=2, check=check)
+                            values_per_weight_element=2, check=check,
+                            slice_row_align=SLICE_ROW_ALIGN)

@@ -186,8 +186,10 @@ class External(Producer):
 
     def __init__(self, name: str, launch: LaunchFn,
                  prepare: Callable[..., Prepared] | None = None, needs_weight_scale: bool = False,
-                 values_per_weight_element: int = 1, check: Callable[..., None] | None = None):
+                 values_per_weight_element: int = 1, check: Callable[..., None] | None = None,
+                 slice_row_align: int = 1):
         self.name, self._launch, self._prepare = name, launch, prepare
+        self.slice_row_align = slice_row_align
         self.needs_weight_scale = needs_weight_scale
         self.values_per_weight_element = values_per_weight_element
         self._check = check
@@ -213,12 +215,17 @@ _BOUND: dict[str, Producer] = {}
 
 def register_external(name: str, launch: LaunchFn, prepare: Callable[..., Any] | None = None,
                       needs_weight_scale: bool = False, values_per_weight_element: int = 1,
-                      check: Callable[..., None] | None = None) -> None:
-    """Make an external GEMM kernel usable as ``producer=name`` in ``radiance::linear_ar``."""
+                      check: Callable[..., None] | None = None,
+                      slice_row_align: int = 1) -> None:
+    """Make an external GEMM kernel usable as ``producer=name`` in ``radiance::linear_ar``
+    (``slice_row_align``: interior slice bounds are multiples of it, see :class:`Producer`)."""
     if name in _PRODUCERS or name in _BOUND:
         raise ValueError(f"producer {name!r} is already registered")
+    if not isinstance(slice_row_align, int) or slice_row_align < 1:
+        raise ValueError(f"register_external: slice_row_align must be a positive int, got "
+                         f"{slice_row_align!r}")
     _PRODUCERS[name] = External(name, launch, prepare, needs_weight_scale,
-                                values_per_weight_element, check)
+                                values_per_weight_element, check, slice_row_align)
 
 
 def bind(producer: Producer) -> None:

@@ -51,6 +51,7 @@ from typing import Any, Iterator
 import torch
 
 from radiance_ar import envs
+from radiance_ar.overlap.kernels import lazy_jit
 from radiance_ar.streams import stream_object
 
 MX_GROUP = 32  # K values sharing one e8m0 scale (the MX block size)
@@ -239,15 +240,9 @@ def _mxfp4_w4a8_kernel(
 def _kernel() -> Any:
     """The jitted kernel, Triton imported here. ``rows`` is not specialized on, so the
     slices of one call (and calls of other M) share one compiled variant."""
-    global tl, _jitted
+    global _jitted
     if _jitted is None:
-        try:
-            import triton
-            import triton.language as language
-        except ImportError as e:
-            raise RuntimeError(f"mxfp4_w4a8 needs Triton: pip install triton ({e})") from None
-        tl = language
-        _jitted = triton.jit(_mxfp4_w4a8_kernel, do_not_specialize=["rows"])
+        _jitted = lazy_jit.jit(_mxfp4_w4a8_kernel, globals(), do_not_specialize=["rows"])
     return _jitted
 
 

@@ -1,0 +1,96 @@
+"""Which way an ``mxfp4_w4a8`` call multiplies, and the per-weight column plan it needs.
+
+The cuBLAS fp8 route: where every output channel of the weight is exact in e4m3 after a
+per-channel power-of-two shift (:func:`radiance_ar.overlap.kernels.mxfp4_fp8_gemm.plan_columns`:
+its ``top`` and ``col_scale``), a call widens the weight to e4m3 once (N x K bytes into a
+scratch buffer, :mod:`radiance_ar.overlap.kernels.mxfp4_widen_fp8`) and runs torch's fp8
+GEMM with rowwise scales: the per-token activation scale and ``col_scale`` per channel,
+both applied in the GEMM's epilogue. The products are exact and ``col_scale`` is a power
+of two, so the result is the fp32 sum of the exact products times x_scale, rounded to
+bf16, as on the Triton routes (up to summation order and the fp8 GEMM's accumulation,
+fast accumulation off). It pays the widening every call (0.096 ms at 5120 x 4352 on the
+H200 beside a 0.27 ms fp8 GEMM at 8192 rows), so it is for prefill-sized calls
+(:data:`CUBLAS_MIN_ROWS`); the widened weight is scratch, not kept (a kept copy would
+double an MXFP4 weight's memory).
+
+Otherwise the packed weight goes to a Triton kernel (the bf16-widening
+``mxfp4_w4a8`` for a weight that does not fit, with a warning naming the reason once per
+weight).
+
+The plan reads the whole weight and synchronizes, so it is made once per weight and
+cached by the scale tensor, remade when either tensor is written in place (their version
+counters) or replaced. Under CUDA-graph capture an unplanned weight is refused: one
+eager call per weight first (vLLM's warm-up is one). A weight rewritten in place gets
+its new plan written into the old plan's tensors, so that a graph captured before (which
+holds their addresses and the weight's) computes with the new plan; the route a graph
+captured stays its own, so a rewrite that makes a fitting weight not fit needs the
+graphs of that weight dropped (a case this code does not detect at replay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
+
+#: The cuBLAS fp8 route pays the widening, N x K bytes written and read again; below this
+#: many rows the fp8 Triton kernel, which reads the 4-bit weight directly, wins. From the
+#: H200 runs of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-fp8/): per row the Triton
+#: kernel costs 1.2-3.1e-5 ms more than torch's fp8 GEMM over the sweep's shapes, and the
+#: widening 0.056-0.19 ms, so the routes break even between about 3000 and 4600 rows.
+CUBLAS_MIN_ROWS = 4096
+
+#: column plans by scale tensor: (the versions and codes they were made from, the plan)
+_PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _stamp(w: torch.Tensor, w_scale: torch.Tensor) -> tuple:
+    return (w.data_ptr(), tuple(w.shape), w._version, w_scale.data_ptr(), w_scale._version)
+
+
+def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan:
+    """The column plan of this weight, made at its first call (or after a rewrite)."""
+    stamp = _stamp(w, w_scale)
+    hit = _PLANS.get(w_scale)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("producer mxfp4_w4a8: a weight's column plan is made at its first "
+                           "call, which synchronizes: run one eager call with the weight "
+                           "before capturing a CUDA graph (or after rewriting the weight)")
+    plan = fp8_kernel.plan_columns(w, w_scale)
+    if hit is not None and hit[1].top.shape == plan.top.shape:
+        # Rewritten in place: the new plan goes into the old plan's tensors, whose
+        # addresses a captured CUDA graph of this weight holds (module doc).
+        hit[1].top.copy_(plan.top)
+        hit[1].col_scale.copy_(plan.col_scale)
+        plan = dataclasses.replace(hit[1], fits=plan.fits, reason=plan.reason)
+    if not plan.fits:
+        warnings.warn(f"mxfp4_w4a8: this weight is not exact in e4m3 ({plan.reason}): it runs "
+                      "on the bf16-widening Triton kernel, not on fp8 tensor cores",
+                      stacklevel=3)
+    _PLANS[w_scale] = (stamp, plan)
+    return plan
+
+
+def cublas_refusal(device: torch.device, x_dtype: torch.dtype, rows: int, n: int) -> str:
+    """Why a call of ``rows`` tokens into N = n channels cannot take the cuBLAS fp8 route,
+    or "" when it can: an NVIDIA Hopper GPU (where
+    it was built; torch's rowwise fp8 GEMM wants a bf16 output and N a multiple of 16),
+    at least :data:`CUBLAS_MIN_ROWS` rows. A weight's own fit (its column plan) is the
+    caller's other condition."""
+    if device.type != "cuda" or torch.version.hip:
+        return f"{device} is not an NVIDIA GPU"
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return "not a Hopper GPU (sm_90), where the route is built and measured"
+    if x_dtype != torch.bfloat16:
+        return f"x is {x_dtype}, the route writes bf16"
+    if n % 16:
+        return f"N = {n} is not a multiple of 16"
+    if rows < CUBLAS_MIN_ROWS:
+        return f"{rows} rows, fewer than CUBLAS_MIN_ROWS = {CUBLAS_MIN_ROWS}"
+    return ""
