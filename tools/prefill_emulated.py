@@ -123,7 +123,8 @@ def warm_local_kernels(spec: Spec, model: ShardModel, chunks) -> None:
     run_alone(prefill_steps(model, chunks, model.gemm))
     for rows in sorted(op_slice_rows(spec, model)):
         for w in (model.layers[0].o_proj, model.layers[0].down_proj):
-            model.gemm(torch.zeros(rows, w.weight.shape[1], dtype=DTYPE, device=model.device), w)
+            k = w.weight.shape[1] * model.producer.values_per_weight_element  # packed: 2
+            model.gemm(torch.zeros(rows, k, dtype=DTYPE, device=model.device), w)
     torch.cuda.synchronize()
 
 

@@ -28,7 +28,7 @@ import torch
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.overlap import producer_mxfp4, producers
 from radiance_ar.overlap.op import check_inputs
-from radiance_ar.overlap.producers import FP8, FP8_MAX, Prepared
+from radiance_ar.overlap.producers import FP8, FP8_MAX
 from radiance_ar.overlap.scratch import ScratchPool
 
 _MIN_WEIGHT_SCALE = 1e-12  # an all-zero output channel quantizes to zeros, not NaN
@@ -60,11 +60,13 @@ _WEIGHT_FORMATS: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Te
 }
 
 
-def _dequantize_weight(producer: str, p: Prepared) -> torch.Tensor:
-    if producer == producer_mxfp4.NAME:
-        return producer_mxfp4.dequantize_weight(p.weight, p.weight_scale)
-    w = p.weight.double()
-    return w if p.weight_scale is None else w * p.weight_scale.double().reshape(-1, 1)
+def _dequantize_weight(ops: Operands) -> torch.Tensor:
+    # The operands' weight, not the prepared one: a producer may prepare the weight in
+    # another form (mxfp4_w4a8's cuBLAS route widens it to e4m3 over column scales).
+    if ops.producer == producer_mxfp4.NAME:
+        return producer_mxfp4.dequantize_weight(ops.weight, ops.weight_scale)
+    w = ops.weight.double()
+    return w if ops.weight_scale is None else w * ops.weight_scale.double().reshape(-1, 1)
 
 
 def known() -> list[str]:
@@ -93,7 +95,7 @@ def reference(ops: Operands) -> torch.Tensor:
     x = p.x.double()
     if p.x_scale is not None:
         x = x * p.x_scale.double().reshape(-1, 1)
-    return x @ _dequantize_weight(ops.producer, p).t()
+    return x @ _dequantize_weight(ops).t()
 
 
 def gemm_alone(ops: Operands, out: torch.Tensor, scratch: ScratchPool,
