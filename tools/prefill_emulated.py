@@ -123,8 +123,7 @@ def warm_local_kernels(spec: Spec, model: ShardModel, chunks) -> None:
     run_alone(prefill_steps(model, chunks, model.gemm))
     for rows in sorted(op_slice_rows(spec, model)):
         for w in (model.layers[0].o_proj, model.layers[0].down_proj):
-            k = w.weight.shape[1] * model.producer.values_per_weight_element  # packed: 2
-            model.gemm(torch.zeros(rows, k, dtype=DTYPE, device=model.device), w)
+            model.gemm(torch.zeros(rows, model.inner(w), dtype=DTYPE, device=model.device), w)
     torch.cuda.synchronize()
 
 

@@ -206,7 +206,7 @@ def off_arm_parts(spec: Spec, model: ShardModel, backend, before=None) -> dict:
         t = {"ar": gpu_timing.device_and_host_ms(lambda i: backend.all_reduce(ar_in, ar_out),
                                                  spec.reps, spec.warmup, before)[0]}
         for name, w in (("o_proj", model.layers[0].o_proj), ("down_proj", model.layers[0].down_proj)):
-            x = torch.randn(rows, w.weight.shape[1], dtype=DTYPE, device=device)
+            x = torch.randn(rows, model.inner(w), dtype=DTYPE, device=device)
             prepared = model.producer.prepare(x, w.weight, w.scale, model.scratch)
             y = torch.empty(rows, hidden, dtype=DTYPE, device=device)
             t[name] = gpu_timing.device_and_host_ms(

@@ -149,6 +149,11 @@ class ShardModel:
                 q_norm=norm(shapes.head_dim, 6) if shapes.model.qk_norm else None,
                 k_norm=norm(shapes.head_dim, 7) if shapes.model.qk_norm else None))
 
+    def inner(self, w: Weight) -> int:
+        """K of the linear ``w``: its stored columns times the producer's values per
+        element (mxfp4_w4a8 packs two)."""
+        return w.weight.shape[1] * self.producer.values_per_weight_element
+
     def gemm(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
         """``x @ w.T`` through the producer, on the current stream (ColumnParallel)."""
         prepared = self.producer.prepare(x, w.weight, w.scale, self.scratch)
