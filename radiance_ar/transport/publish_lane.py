@@ -1,7 +1,7 @@
-"""The publish lane of the emulated world: D2H publishes beside the caller's H2D pulls.
+"""The publish lane of the host-memory worlds: D2H publishes beside the caller's H2D pulls.
 
-In the emulated world (W ranks on one GPU, peer buffers in pinned host memory) a rank
-publishes by a D2H copy into its pinned buffer and pulls its peers' data by H2D copies.
+In the emulated and gpu-host worlds (peer buffers in pinned or registered host memory) a
+rank publishes by a D2H copy into its host buffer and pulls its peers' data by H2D copies.
 The host link is full duplex and the GPU has copy engines for each direction, but on
 ONE stream the two serialize: a call then costs the sum of its D2H and H2D transfers
 (measured: docs/history.md, "The emulated publish lane").
