@@ -71,7 +71,7 @@ from typing import Any
 import torch
 
 from radiance_ar import envs
-from radiance_ar.overlap.kernels import lazy_jit
+from radiance_ar.overlap.kernels import gemm_tiles, lazy_jit
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as bf16_kernel
 
 MX_GROUP = bf16_kernel.MX_GROUP
@@ -233,6 +233,7 @@ mov.b32 $1, {o2, o3};
 _WIDEN_PTX: Any = None  # _WIDEN_PTX_TEXT as a tl.constexpr, bound by _kernel()
 tl: Any = None  # triton.language, bound by _kernel() at the first launch
 _jitted: Any = None
+_band_tile: Any = None  # gemm_tiles.band_tile(), bound by _kernel()
 
 
 def _mxfp4_fp8_gemm_kernel(
@@ -260,19 +261,8 @@ def _mxfp4_fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,  # K per step, a multiple of 32
     GROUP_M: tl.constexpr,  # row tiles per band of programs
 ):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(rows, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    band = GROUP_M * tiles_n
-    first_m = (pid // band) * GROUP_M
-    band_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % band) % band_rows
-    pid_n = (pid % band) // band_rows
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    load_m = tl.minimum(offs_m, rows - 1).to(tl.int64)
-    load_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+    offs_m, offs_n, load_m, load_n = _band_tile(tl.program_id(0), rows, N, BLOCK_M, BLOCK_N,
+                                                GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
     offs_kb = tl.arange(0, BLOCK_K // 2)
     offs_kg = tl.arange(0, BLOCK_K // 32)
@@ -344,8 +334,9 @@ def _mxfp4_fp8_gemm_kernel(
 
 def _kernel() -> Any:
     """The jitted kernel, Triton imported here; ``rows`` is not specialized on."""
-    global _jitted, _WIDEN_PTX
+    global _jitted, _WIDEN_PTX, _band_tile
     if _jitted is None:
+        _band_tile = gemm_tiles.band_tile()
         _jitted = lazy_jit.jit(_mxfp4_fp8_gemm_kernel, globals(), do_not_specialize=["rows"])
         _WIDEN_PTX = tl.constexpr(_WIDEN_PTX_TEXT)  # Triton reads only constexpr globals
     return _jitted
