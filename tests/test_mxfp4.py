@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from interpreter import ROOT, run_under_interpreter
+from mxfp4_data import gpu_operands
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap import producers
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
@@ -247,11 +248,7 @@ def test_op_runs_the_producer_with_its_packed_weight_under_the_interpreter():
 # ---------------------------------------------------------------------------- one GPU
 
 def _gpu_operands(rows: int, n: int, k: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k, generator=g).to(torch.bfloat16).cuda()
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).cuda()
-    packed, scales = mx.quantize_weight(w)
-    xq, xs = mx.quantize_activation(x)
+    _, xq, xs, packed, scales = gpu_operands(rows, n, k, seed)
     return xq, xs, packed, scales, mx.reference(xq, xs, packed, scales)
 
 

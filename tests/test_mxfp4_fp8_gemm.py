@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from interpreter import run_under_interpreter
+from mxfp4_data import gpu_operands
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fk
 
@@ -136,15 +137,6 @@ def test_kernels_under_the_interpreter():
 
 # ---------------------------------------------------------------------------- one GPU
 
-def _gpu_operands(rows: int, n: int, k: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k, generator=g).to(torch.bfloat16).cuda()
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).cuda()
-    packed, scales = mx.quantize_weight(w)
-    xq, xs = mx.quantize_activation(x)
-    return x, xq, xs, packed, scales
-
-
 def _skip_without_fp8_mma():
     if not fk.has_fp8_mma(torch.device("cuda", torch.cuda.current_device())):
         pytest.skip("no fp8 MMA on this GPU (the bf16-widening kernel serves it)")
@@ -154,7 +146,7 @@ def _skip_without_fp8_mma():
 def test_gpu_quantize_fp8_rows_bits_match_the_reference():
     from radiance_ar.overlap.kernels import quantize_fp8_rows as qk
 
-    x, xq, xs, _, _ = _gpu_operands(4096, 64, 4352)
+    x, xq, xs, _, _ = gpu_operands(4096, 64, 4352)
     x[7] = 0
     x[9] *= 1e-9  # codes among e4m3's subnormals
     xq, xs = mx.quantize_activation(x)
@@ -186,7 +178,7 @@ GPU_CONFIGS = {"default": fk.DEFAULT_CONFIG,
 def test_gpu_kernel_writes_its_slice_within_the_bound(config):
     _skip_without_fp8_mma()
     rows, n, k, a, b = 4096, 5120, 4352, 1024, 3072  # a prefill slice of one rank's down_proj
-    _, xq, xs, packed, scales = _gpu_operands(rows, n, k)
+    _, xq, xs, packed, scales = gpu_operands(rows, n, k)
     plan = fk.plan_columns(packed, scales)
     assert plan.fits
     cfg = GPU_CONFIGS[config]
