@@ -213,6 +213,11 @@ def _row(path: str, i: int, raw: Any) -> Row:
                raw.get("K", 0), raw.get("spread_ms"))
 
 
+#: tables parsed, by (path, sha256 of the bytes): start-up checks RADIANCE_AR_TUNING and
+#: auto loads it again; the bytes are read each time, so an edited file is parsed anew
+_PARSED: dict[tuple[str, str], TuningTable] = {}
+
+
 def load(path: str) -> TuningTable:
     """The tuning file at ``path``, checked (module doc); ``ValueError`` naming the file."""
     try:
@@ -220,6 +225,13 @@ def load(path: str) -> TuningTable:
             data = f.read()
     except OSError as e:
         raise _fail(path, f"cannot be read ({e.strerror or e})") from None
+    key = (path, hashlib.sha256(data).hexdigest())
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path, data, key[1])
+    return _PARSED[key]
+
+
+def _parse(path: str, data: bytes, digest: str) -> TuningTable:
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
@@ -234,8 +246,7 @@ def load(path: str) -> TuningTable:
     if not any(r.correct for r in rows):
         raise _fail(path, "holds no correct, timed row")
     return TuningTable(path, obj["device"], obj["runtime"], obj["world"], obj["measured_at"],
-                       obj["command"], rows, hashlib.sha256(data).hexdigest(),
-                       obj.get("note", ""))
+                       obj["command"], rows, digest, obj.get("note", ""))
 
 
 def shipped() -> TuningTable:
