@@ -28,14 +28,14 @@ class Backend:
         self.replayed.append((sig, rnd))
 
 
-def make(limit=4, meet=None):
+def make(limit=4):
     backend, bodies = Backend(), []
 
     def capture(be, run):
         assert be is backend
         return Replayable(run), f"round {len(bodies)}"
 
-    return GraphCache(torch.device("cpu"), limit, capture, meet), backend, bodies
+    return GraphCache(torch.device("cpu"), limit, capture), backend, bodies
 
 
 def body_for(bodies, scale):
@@ -101,16 +101,3 @@ def test_the_keys_remembered_are_bounded():
 def test_limit_is_checked():
     with pytest.raises(ValueError, match="limit 0"):
         GraphCache(torch.device("cpu"), 0)
-
-
-def test_ranks_meet_after_each_capture_and_only_then():
-    met = []
-    cache, backend, bodies = make(limit=1, meet=lambda: met.append(cache.captures))
-    body = body_for(bodies, 2.0)
-    x = torch.randn(3, 4)
-    for _ in range(3):  # eager, captured, replayed
-        call(cache, backend, "a", x, body)
-    assert met == [1]
-    for _ in range(2):  # another key: eager, then captured (evicting "a")
-        call(cache, backend, "b", torch.randn(2, 4), body)
-    assert met == [1, 2]

@@ -62,18 +62,13 @@ class GraphCache:
     SEEN_PER_GRAPH = 4
 
     def __init__(self, device: torch.device, limit: int,
-                 capture: Callable[[Any, Callable[[], None]], tuple[Any, TokenRound]] | None = None,
-                 meet: Callable[[], None] | None = None):
+                 capture: Callable[[Any, Callable[[], None]], tuple[Any, TokenRound]] | None = None):
         """``capture(backend, run)``: capture ``run()`` into a graph, returning the graph
         (anything with ``replay()``) and the backend's token round; default: a CUDA graph
-        on a stream of the cache's own (:meth:`capture_cuda_graph`). ``meet()``: a host
-        barrier of the world's ranks after each capture, for ranks in processes (every rank
-        captures at the same call): a replay's token waits are bounded, and a peer still
-        capturing is not late (4 processes on one H200: a rank's first replay waited over
-        the 1000 ms bound for a peer, tools/results/2026-12-04-h200-gpu-host-third/)."""
+        on a stream of the cache's own (:meth:`capture_cuda_graph`)."""
         if not isinstance(limit, int) or limit < 1:
             raise ValueError(f"GraphCache: limit {limit!r}: expected an int >= 1")
-        self.device, self.limit, self._meet = device, limit, meet
+        self.device, self.limit = device, limit
         self._capture_graph = capture if capture is not None else self.capture_cuda_graph
         self._entries: collections.OrderedDict[Hashable, _Entry] = collections.OrderedDict()
         #: key -> the generation its eager warm-up call ran in (captured at the next call)
@@ -157,8 +152,6 @@ class GraphCache:
         out_static = self._static_tensor("out", out_shape, x.dtype)
         graph, rnd = self._capture_graph(backend, lambda: body(x_static, out_static))
         self.captures += 1
-        if self._meet is not None:
-            self._meet()
         entry = _Entry(graph, rnd, x_static, out_static, generation())
         self._entries[key] = entry
         return entry

@@ -71,9 +71,7 @@ class OverlapRuntime:
         if self.graph_reason() is not None:
             return None
         if self._graphs is None:
-            # Emulated ranks share one host thread: nothing to meet, and no wait for it.
-            meet = None if self.world.emulated else self.world.memory.barrier
-            self._graphs = GraphCache(self.world.device, self.settings.graphs_max, meet=meet)
+            self._graphs = GraphCache(self.world.device, self.settings.graphs_max)
         return self._graphs
 
     @property
