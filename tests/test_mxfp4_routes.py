@@ -54,9 +54,24 @@ def test_cached_plan_is_remade_when_the_weight_is_rewritten():
         routes.cached_plan(packed.clone(), scales)
 
 
+def test_a_rewrite_through_data_needs_forget_plans():
+    packed, scales = _edge_weight([2, 2])
+    first = routes.cached_plan(packed, scales)
+    scales.data.copy_(scales.data + 1)  # as a weight loader writes: no version counter moves
+    assert routes.cached_plan(packed, scales) is first  # stale: what forget_plans is for
+    routes.forget_plans()
+    again = routes.cached_plan(packed, scales)
+    assert again is not first and again.top.tolist() == [t + 1 for t in first.top.tolist()]
+
+
+def test_cublas_route_takes_fewer_rows_for_longer_rows():
+    assert [routes.cublas_min_rows(k) for k in (512, 2048, 2080, 4352, 28672)] == [
+        8192, 8192, 2048, 2048, 2048]
+
+
 def test_cublas_route_refusals_name_their_reason():
     cpu = torch.device("cpu")
-    assert "not an NVIDIA GPU" in routes.cublas_refusal(cpu, torch.bfloat16, 8192, 5120)
+    assert "not an NVIDIA GPU" in routes.cublas_refusal(cpu, torch.bfloat16, 8192, 5120, 4352)
 
 
 WIDEN_SCRIPT = r"""
@@ -281,8 +296,9 @@ def test_gpu_routes_by_rows_and_by_plan():
     prod = producers.get(mx.NAME)
     w = torch.randn(256, 512).cuda() / 20
     packed, scales = mx.quantize_weight(w)
-    small = torch.randn(routes.CUBLAS_MIN_ROWS - 1, 512, device="cuda").to(torch.bfloat16)
-    big = torch.randn(routes.CUBLAS_MIN_ROWS, 512, device="cuda").to(torch.bfloat16)
+    least = routes.cublas_min_rows(512)
+    small = torch.randn(least - 1, 512, device="cuda").to(torch.bfloat16)
+    big = torch.randn(least, 512, device="cuda").to(torch.bfloat16)
     for x, route in ((small, "triton_fp8"),
                      (big, "cublas_fp8")):
         p = prod.prepare(x, packed, scales, ScratchPool())

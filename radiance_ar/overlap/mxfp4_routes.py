@@ -10,7 +10,7 @@ of two, so the result is the fp32 sum of the exact products times x_scale, round
 bf16, as on the Triton routes (up to summation order and the fp8 GEMM's accumulation,
 fast accumulation off). It pays the widening every call (0.096 ms at 5120 x 4352 on the
 H200 beside a 0.27 ms fp8 GEMM at 8192 rows), so it is for prefill-sized calls
-(:data:`CUBLAS_MIN_ROWS`); the widened weight is scratch, not kept (a kept copy would
+(:func:`cublas_min_rows`); the widened weight is scratch, not kept (a kept copy would
 double an MXFP4 weight's memory).
 
 Otherwise the packed weight goes to a Triton kernel (the bf16-widening
@@ -18,8 +18,10 @@ Otherwise the packed weight goes to a Triton kernel (the bf16-widening
 weight).
 
 The plan reads the whole weight and synchronizes, so it is made once per weight and
-cached by the scale tensor, remade when either tensor is written in place (their version
-counters) or replaced. Under CUDA-graph capture an unplanned weight is refused: one
+cached by the scale tensor, remade when either tensor is written in place through
+itself (their version counters) or replaced. A write through ``.data`` (as weight loaders
+do: ``param.data.copy_(...)``) moves no version counter: whoever reloads weights that way
+calls :func:`forget_plans`. Under CUDA-graph capture an unplanned weight is refused: one
 eager call per weight first (vLLM's warm-up is one). A weight rewritten in place gets
 its new plan written into the old plan's tensors, so that a graph captured before (which
 holds their addresses and the weight's) computes with the new plan; the route a graph
@@ -37,12 +39,21 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
 
-#: The cuBLAS fp8 route pays the widening, N x K bytes written and read again; below this
-#: many rows the fp8 Triton kernel, which reads the 4-bit weight directly, wins. From the
-#: H200 runs of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-fp8/): per row the Triton
-#: kernel costs 1.2-3.1e-5 ms more than torch's fp8 GEMM over the sweep's shapes, and the
-#: widening 0.056-0.19 ms, so the routes break even between about 3000 and 4600 rows.
-CUBLAS_MIN_ROWS = 4096
+#: The cuBLAS fp8 route pays the widening, N x K bytes written and read again; below
+#: these many rows the fp8 Triton kernel, which reads the 4-bit weight directly, wins.
+#: From the H200 sweep of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-end-to-end/
+#: sweep.json, widening included): at K = 2048 (o_proj) and 4096 rows the Triton kernel
+#: was faster for N = 4096 and 5120 (0.127 and 0.134 against 0.217 and 0.169 ms) and slower
+#: for N = 8192 (0.212 against 0.193), at 16384 rows slower for all; from K = 4352
+#: (down_proj) the cuBLAS route was faster already at 2048 rows (0.163-0.312 against
+#: 0.173-0.339 ms). Between the measured row counts the threshold is an estimate.
+#: (largest K, fewest rows), in order of K; the last row holds for every K
+CUBLAS_MIN_ROWS = ((2048, 8192), (2 ** 31, 2048))
+
+
+def cublas_min_rows(k: int) -> int:
+    """The fewest rows for which a call of inner dimension ``k`` takes the cuBLAS route."""
+    return next(rows for up_to, rows in CUBLAS_MIN_ROWS if k <= up_to)
 
 #: column plans by scale tensor: (the versions and codes they were made from, the plan)
 _PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -50,6 +61,13 @@ _PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 def _stamp(w: torch.Tensor, w_scale: torch.Tensor) -> tuple:
     return (w.data_ptr(), tuple(w.shape), w._version, w_scale.data_ptr(), w_scale._version)
+
+
+def forget_plans() -> None:
+    """Drop every cached column plan (after weights were rewritten through ``.data``,
+    which the version counters do not see): each weight is planned again at its next
+    eager call."""
+    _PLANS.clear()
 
 
 def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan:
@@ -77,11 +95,13 @@ def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan
     return plan
 
 
-def cublas_refusal(device: torch.device, x_dtype: torch.dtype, rows: int, n: int) -> str:
-    """Why a call of ``rows`` tokens into N = n channels cannot take the cuBLAS fp8 route,
+def cublas_refusal(device: torch.device, x_dtype: torch.dtype, rows: int, n: int,
+                   k: int) -> str:
+    """Why a call of ``rows`` tokens of K = k into N = n channels cannot take the cuBLAS
+    fp8 route,
     or "" when it can: an NVIDIA Hopper GPU (where
     it was built; torch's rowwise fp8 GEMM wants a bf16 output and N a multiple of 16),
-    at least :data:`CUBLAS_MIN_ROWS` rows. A weight's own fit (its column plan) is the
+    at least :func:`cublas_min_rows` rows. A weight's own fit (its column plan) is the
     caller's other condition."""
     if device.type != "cuda" or torch.version.hip:
         return f"{device} is not an NVIDIA GPU"
@@ -91,6 +111,6 @@ def cublas_refusal(device: torch.device, x_dtype: torch.dtype, rows: int, n: int
         return f"x is {x_dtype}, the route writes bf16"
     if n % 16:
         return f"N = {n} is not a multiple of 16"
-    if rows < CUBLAS_MIN_ROWS:
-        return f"{rows} rows, fewer than CUBLAS_MIN_ROWS = {CUBLAS_MIN_ROWS}"
+    if rows < cublas_min_rows(k):
+        return f"{rows} rows, fewer than the {cublas_min_rows(k)} from which it wins at K = {k}"
     return ""

@@ -156,7 +156,7 @@ def check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | No
 
 @dataclass
 class MxPrepared(Prepared):
-    """:class:`Prepared` with the route the call takes and, on the fp8 routes, the
+    """:class:`Prepared` with the route the call takes and, on the Triton fp8 route, the
     weight's column plan."""
     route: str = "triton_bf16"
     plan: ColumnPlan | None = None
@@ -189,10 +189,10 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | 
     if fp8_kernel.has_fp8_mma(x.device) or envs.triton_interpreter():
         plan = routes.cached_plan(weight, weight_scale)
         if plan.fits and not routes.cublas_refusal(x.device, x.dtype, x.shape[0],
-                                                   weight.shape[0]):
+                                                   weight.shape[0], x.shape[1]):
             w8 = scratch.get("mxfp4_w8", (weight.shape[0], x.shape[1]), FP8, x.device)
             widen_fp8.widen(weight, weight_scale, plan.top, out=w8)
-            return MxPrepared(xq, w8, x_scale, plan.col_scale.reshape(1, -1), "cublas_fp8", plan)
+            return MxPrepared(xq, w8, x_scale, plan.col_scale.reshape(1, -1), "cublas_fp8")
         if plan.fits:
             return MxPrepared(xq, weight, x_scale, weight_scale, "triton_fp8", plan)
     storage = kernel.activation_dtype(x.device)

@@ -213,9 +213,10 @@ def _row(path: str, i: int, raw: Any) -> Row:
                raw.get("K", 0), raw.get("spread_ms"))
 
 
-#: tables parsed, by (path, sha256 of the bytes): start-up checks RADIANCE_AR_TUNING and
-#: auto loads it again; the bytes are read each time, so an edited file is parsed anew
-_PARSED: dict[tuple[str, str], TuningTable] = {}
+#: the table parsed last per path, with the sha256 of its bytes: start-up checks
+#: RADIANCE_AR_TUNING and auto loads it again; the bytes are read each time, so an edited
+#: file is parsed anew (and replaces its entry)
+_PARSED: dict[str, tuple[str, TuningTable]] = {}
 
 
 def load(path: str) -> TuningTable:
@@ -225,10 +226,11 @@ def load(path: str) -> TuningTable:
             data = f.read()
     except OSError as e:
         raise _fail(path, f"cannot be read ({e.strerror or e})") from None
-    key = (path, hashlib.sha256(data).hexdigest())
-    if key not in _PARSED:
-        _PARSED[key] = _parse(path, data, key[1])
-    return _PARSED[key]
+    digest = hashlib.sha256(data).hexdigest()
+    hit = _PARSED.get(path)
+    if hit is None or hit[0] != digest:
+        hit = _PARSED[path] = (digest, _parse(path, data, digest))
+    return hit[1]
 
 
 def _parse(path: str, data: bytes, digest: str) -> TuningTable:
