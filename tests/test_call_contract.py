@@ -167,3 +167,66 @@ def test_the_gpu_diagnosis_tells_a_peer_stuck_inside_the_call_from_one_in_anothe
             found = gpu._diagnose(200.0)
         assert isinstance(found, error) and words in str(found), found
         gpu._awaited.clear()
+
+
+def _host_gpu_signals(dead=list):
+    """GpuSignals of rank 0 on host-visible words (as in the gpu-host and emulated worlds)
+    beside a CpuSignals rank 1 writing its own header; their stream operations unused."""
+    from collections import deque
+
+    from radiance_ar.transport.gpu_signals import GpuSignals
+    from radiance_ar.transport.signals import Signals
+
+    peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
+    gpu = GpuSignals.__new__(GpuSignals)
+    Signals.__init__(gpu, PeerBuffer("flags", FLAG_BYTES, 0, peers), 0, 2, 100.0, "test", dead)
+    gpu._awaited, gpu._checked_epoch = deque(), 0
+    peer = CpuSignals(PeerBuffer("flags", FLAG_BYTES, 1, peers), 1, 2, 100.0, "test", list)
+    return gpu, peer
+
+
+class _EventAt:
+    """A stand-in CUDA event that completes at a given monotonic time."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def query(self):
+        return time.monotonic() >= self.at
+
+
+def test_a_replay_waits_past_its_bound_for_a_peer_still_capturing_that_call():
+    from radiance_ar.transport.signals import _HEADER
+
+    gpu, peer = _host_gpu_signals()
+    with gpu.call(sig()) as t:
+        pass
+    gpu._replayed = ["a token wait"]  # what a replay leaves for check (GpuSignals.replayed)
+    word = peer._np[1]
+    word[_HEADER["capturing"]] = t  # the peer is capturing the graph of call t
+    assert gpu._peer_capturing()
+    gpu._last_event = _EventAt(time.monotonic() + 0.4)  # done 4 bounds later
+    start = time.monotonic()
+    gpu.check()  # no error: it waited while the peer captured
+    assert 0.35 < time.monotonic() - start < 5.0
+    for value, abort, why in ((t + 1, 0, "another call's graph"), (0, 0, "not capturing"),
+                              (t, t, "it gave up")):
+        word[_HEADER["capturing"]], word[_HEADER["abort"]] = value, abort
+        gpu._replayed = ["a token wait"]
+        assert not gpu._peer_capturing(), why
+    word[_HEADER["capturing"]], word[_HEADER["abort"]] = t, 0
+    dead, _ = _host_gpu_signals(dead=lambda: [1])
+    dead._np[1][_HEADER["capturing"]] = dead.epoch = t
+    dead._replayed = ["a token wait"]
+    assert not dead._peer_capturing()  # a dead peer captures nothing
+    gpu._replayed = []
+    assert not gpu._peer_capturing()  # an eager call: peers capture no eager call
+
+
+def test_the_next_call_clears_a_capture_mark():
+    from radiance_ar.transport.signals import _HEADER
+
+    gpu, peer = _host_gpu_signals()
+    peer._np[1][_HEADER["capturing"]] = 1
+    with peer.call(sig()):
+        assert peer._np[1][_HEADER["capturing"]] == 0

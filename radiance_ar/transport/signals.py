@@ -8,6 +8,8 @@ WRITES its own array and only READS its peers'. Layout (``WORDS``)::
     epoch    the number of this rank's current call        } the header: host-written,
     sig[4]   its signature (rows, cols, dtype/path, key)   } for peers' checks and messages
     vendor   how many vendor-collective calls it announced }
+    capturing  the call whose CUDA graph this rank is capturing (0: none; host-visible
+             flags only): a peer replaying that call waits longer for it (gpu_signals)
     ready[R], reduced[R]   tag rings: slot t mod R holds the tag of call t
 
 Steps (see :mod:`radiance_ar.backends.sdma`): ``ready`` (my input slice of call t is published),
@@ -64,11 +66,12 @@ __all__ = ["Signals", "CpuSignals", "PeerTimeoutError", "FLAG_BYTES", "PASSIVE_E
            "SLOTS"]
 
 RING = 128  # tag slots per ring (see the module doc: far more than a peer can be ahead)
-_HEADER = {"done": 0, "abort": 1, "epoch": 2, "sig": 3, "vendor": 7}
-_RING_BASE = {"ready": 8, "reduced": 8 + RING}
+_HEADER = {"done": 0, "abort": 1, "epoch": 2, "sig": 3, "vendor": 7, "capturing": 8}
+HEADER_WORDS = 16  # two cache lines, the second mostly free
+_RING_BASE = {"ready": HEADER_WORDS, "reduced": HEADER_WORDS + RING}
 SLOTS = ("ready", "reduced", "done")
 SLOT_BYTES = 8
-FLAG_BYTES = (8 + 2 * RING) * SLOT_BYTES  # per rank; a multiple of 64 (cache lines)
+FLAG_BYTES = (HEADER_WORDS + 2 * RING) * SLOT_BYTES  # per rank; a multiple of 64 (cache lines)
 #: the done value of a passive (pre-filled) peer: at or above every epoch a run reaches
 #: (cyclic 32-bit GEQ holds for epochs < 2**31, i.e. 2**31 collective calls)
 PASSIVE_EPOCH = 2 ** 31 - 1
@@ -136,6 +139,7 @@ class Signals(abc.ABC):
         if self._host_visible:
             self._write_header(sig)
             self._np[self.rank][_HEADER["epoch"]] = self.epoch
+            self._np[self.rank][_HEADER["capturing"]] = 0  # a capture of it has ended
         try:
             yield self.epoch
         except BaseException as e:
@@ -236,8 +240,9 @@ class Signals(abc.ABC):
         barrier()  # every rank has read every word before any rank rewrites its own
         self.epoch, self.vendor_calls = top, vendor
         own = self._words[self.rank]
-        own[8:].fill_(NO_TAG)
+        own[HEADER_WORDS:].fill_(NO_TAG)
         own[_HEADER["abort"]] = 0
+        own[_HEADER["capturing"]] = 0
         own[_HEADER["epoch"]] = top
         own[_HEADER["vendor"]] = vendor
         if self.rank not in self._passive:
