@@ -9,6 +9,7 @@ floor(log2(max |w|)) - 2, its elements rounded to nearest (ties to even) and sat
 """
 
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -303,3 +304,18 @@ def test_gpu_launch_runs_on_the_given_stream():
     assert bool(out.isnan().all()), "the kernel ran on the current stream, not the given one"
     side.synchronize()
     assert float((out.double() - ref).norm() / ref.norm()) < 2 ** -8
+
+
+def test_scale_spread_tool_reports_every_distribution_and_writes_json(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import mxfp4_scale_spread as tool
+
+    out = tmp_path / "spread.json"
+    assert tool.main(["--rows", "16", "--k", "256", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    names = [r["distribution"] for r in got["rows"]]
+    assert names[0] == "gaussian" and len(names) == 7 and got["limit"] == 14
+    # a Gaussian weight's channels span a few binades, far inside e4m3's range
+    assert got["rows"][0]["max"] <= 4 and got["rows"][0]["over_limit"] == 0.0
+    assert all(r["median"] <= r["p99_9"] <= r["max"] for r in got["rows"])
+    assert "gaussian" in capsys.readouterr().out

@@ -17,6 +17,7 @@ fraction of channels over 14. CPU, about a minute:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import torch
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1024, help="output channels a distribution")
     p.add_argument("--k", type=int, default=7168, help="input channels, a multiple of 32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     if args.rows < 1 or args.k < 32 or args.k % 32:
         p.error("--rows >= 1, --k a positive multiple of 32")
@@ -58,13 +60,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# channel scale spread (binades - 1) of MXFP4-quantized synthetic weights, "
           f"{args.rows} x {args.k}; e4m3 holds spread <= {limit}")
     print(f"{'distribution':<40} {'median':>6} {'p99.9':>6} {'max':>4} {'> ' + str(limit):>8}")
+    rows = []
     for name, w in distributions(args.rows, args.k, g).items():
         packed, scales = mx.quantize_weight(w)
         _, spread = fk.column_range(packed, scales)
         s = spread.double()
-        over = float((spread > limit).double().mean())
-        print(f"{name:<40} {float(s.median()):>6.0f} {float(s.quantile(0.999)):>6.0f} "
-              f"{int(spread.max()):>4} {over:>8.2%}")
+        rows.append({"distribution": name, "median": float(s.median()),
+                     "p99_9": float(s.quantile(0.999)), "max": int(spread.max()),
+                     "over_limit": float((spread > limit).double().mean())})
+        r = rows[-1]
+        print(f"{name:<40} {r['median']:>6.0f} {r['p99_9']:>6.0f} {r['max']:>4} "
+              f"{r['over_limit']:>8.2%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": "python tools/mxfp4_scale_spread.py " + " ".join(
+                argv if argv is not None else sys.argv[1:]), "rows_per_distribution": args.rows,
+                "k": args.k, "seed": args.seed, "limit": limit, "rows": rows}, f, indent=1)
     return 0
 
 

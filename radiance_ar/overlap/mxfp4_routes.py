@@ -15,7 +15,9 @@ double an MXFP4 weight's memory).
 
 Otherwise the packed weight goes to a Triton kernel (the bf16-widening
 ``mxfp4_w4a8`` for a weight that does not fit, with a warning naming the reason once per
-weight).
+weight). How often a weight does not fit: in synthetic weights (Gaussian, heavy-tailed,
+super weights up to 10^4x, log-normal input channels) no channel did
+(tools/results/2026-12-04-cpu-mxfp4-scale-spread/); no real checkpoint was measured.
 
 The plan reads the whole weight and synchronizes, so it is made once per weight and
 cached by the scale tensor, remade when either tensor is written in place through
