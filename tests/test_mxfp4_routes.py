@@ -153,7 +153,8 @@ packed, scales = torch.cat([packed, edge_packed]), torch.cat([scales, edge_scale
 p = producers.get(mx.NAME).prepare(x, packed, scales, ScratchPool())
 assert p.route == "cublas_fp8" and p.weight.shape == (48, k) and p.weight_scale.shape == (1, 48)
 xq, xs = mx.quantize_activation(x)
-assert torch.equal(p.x.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(p.x_scale, xs)
+assert torch.equal(p.x.view(torch.uint8), xq.view(torch.uint8))
+assert p.x_scale.shape == (x.shape[0], 1) and torch.equal(p.x_scale.reshape(-1), xs)
 # what torch._scaled_mm rowwise multiplies: (x_scale * xq) @ (w8 * col_scale).T
 w = p.weight.double() * p.weight_scale.double().t()
 assert torch.equal(w, mx.dequantize_weight(packed, scales))

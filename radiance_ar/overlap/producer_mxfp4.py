@@ -21,8 +21,10 @@ saturating at +-6. :func:`dequantize_weight` and :func:`reference` are the float
 definition the kernel (:mod:`radiance_ar.overlap.kernels.mxfp4_w4a8`) is checked against.
 
 The producer quantizes x per token in ``prepare`` (once per call, row-independent, so
-slicing stays exact) and launches per row slice on the given stream one of three routes
-(:data:`ROUTES`, chosen per call in :func:`prepare`; :mod:`radiance_ar.overlap.mxfp4_routes`).
+slicing stays exact) and launches per row slice on the given stream one of three routes,
+chosen per call in :func:`prepare` (:mod:`radiance_ar.overlap.mxfp4_routes`): the weight
+widened to e4m3 in memory for torch's fp8 GEMM (``cublas_fp8``), widened in registers by
+the fp8 Triton kernel (``triton_fp8``), or by the bf16 (or scaled-MMA) one (``triton_bf16``).
 Triton is imported at the first launch: importing this module needs torch only.
 """
 
@@ -162,10 +164,8 @@ class MxPrepared(Prepared):
     plan: ColumnPlan | None = None
 
 
-#: the routes (:mod:`radiance_ar.overlap.mxfp4_routes`): the weight widened to e4m3 in
-#: memory then torch's fp8 GEMM; widened in registers by the fp8 Triton kernel; or by the
-#: bf16 (or, where the GPU has them, scaled-MMA) Triton kernel
-ROUTES = ("cublas_fp8", "triton_fp8", "triton_bf16")
+#: fp8_rowwise's launch, which the cuBLAS route shares
+_ROWWISE = producers.ScaledMMRowwise()
 
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
@@ -192,7 +192,9 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | 
                                                    weight.shape[0], x.shape[1]):
             w8 = scratch.get("mxfp4_w8", (weight.shape[0], x.shape[1]), FP8, x.device)
             widen_fp8.widen(weight, weight_scale, plan.top, out=w8)
-            return MxPrepared(xq, w8, x_scale, plan.col_scale.reshape(1, -1), "cublas_fp8")
+            # fp8_rowwise's operands: per-token scales [M, 1], channel scales [1, N]
+            return MxPrepared(xq, w8, x_scale.unsqueeze(1), plan.col_scale.reshape(1, -1),
+                              "cublas_fp8")
         if plan.fits:
             return MxPrepared(xq, weight, x_scale, weight_scale, "triton_fp8", plan)
     storage = kernel.activation_dtype(x.device)
@@ -211,12 +213,11 @@ def _quantize(x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
     """Rows ``a:b`` of the product into the view ``out`` on ``stream`` (a raw handle), by
-    the prepared route. torch's fp8 GEMM runs on the current stream, which the pipeline
-    makes ``stream`` (as for the fp8_rowwise producer)."""
+    the prepared route; the cuBLAS route is the fp8_rowwise producer's launch (torch's fp8
+    GEMM on the current stream, which the pipeline makes ``stream``)."""
     assert isinstance(p, MxPrepared)
     if p.route == "cublas_fp8":
-        torch._scaled_mm(p.x[a:b], p.weight.t(), scale_a=p.x_scale[a:b].unsqueeze(1),
-                         scale_b=p.weight_scale, out_dtype=out.dtype, out=out)
+        _ROWWISE.launch(p, a, b, out, stream)
     elif p.route == "triton_fp8":
         fp8_kernel.mxfp4_fp8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, p.plan,
                                   out=out, stream=stream)
@@ -227,7 +228,7 @@ def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
 
 #: interior slices start on multiples of 16 rows: the fp8 route's rowwise GEMM needs its
 #: slice of the fp32 per-token scales 16-byte aligned (as the fp8_rowwise producer's)
-SLICE_ROW_ALIGN = producers.ScaledMMRowwise.slice_row_align
+SLICE_ROW_ALIGN = _ROWWISE.slice_row_align
 producers.register_external(NAME, launch, prepare=prepare, needs_weight_scale=True,
                             values_per_weight_element=2, check=check,
                             slice_row_align=SLICE_ROW_ALIGN)
