@@ -32,7 +32,7 @@ class GpuSignals(Signals):
     EVENT_RING = 64
     #: how long a replayed call waits, bound or not, for a peer still capturing its graph:
     #: with 4 processes time-slicing one H200 a capture outlasted a 1000 ms bound
-    #: (tools/results/2026-12-04-h200-gpu-host-third/tests_thousand_before_meet.log)
+    #: (tools/results/2026-12-04-h200-gpu-host-third/tests_thousand_first_replay_timeout.log)
     CAPTURE_WAIT_MS = 60_000.0
     #: stream operations compare 32 bits on NVIDIA: the tag hashes epoch and signature
     #: together (a 64-bit host tag would lose its epoch half in a 32-bit write)
