@@ -92,16 +92,17 @@ def allowed_classes(accuracy: str) -> tuple[str, ...]:
     return ACCURACY_CLASSES[:ACCURACY_CLASSES.index(accuracy) + 1]
 
 
-def cut_label(slices: int, plan: str) -> str:
-    """``unsliced`` or ``S=4 growing``: how a configuration cuts the call."""
-    return "unsliced" if slices == 1 else f"S={slices} {plan}"
+def cut_label(slices: int, plan: str = "") -> str:
+    """``unsliced``, ``S=4 growing`` (or ``S=4`` with no plan): how a configuration cuts the
+    call."""
+    return "unsliced" if slices == 1 else f"S={slices} {plan}".rstrip()
 
 
 def arm_label(arm: tuple[str, int]) -> str:
     """``oneshot_wht6 unsliced`` / ``sdma S=4``: a baseline arm (backend, slices), whose
     plan is the setting's default."""
     name, slices = arm
-    return f"{name} {'unsliced' if slices == 1 else f'S={slices}'}"
+    return f"{name} {cut_label(slices)}"
 
 
 @dataclass(frozen=True)
