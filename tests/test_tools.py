@@ -412,3 +412,27 @@ def test_timeline_summary_counts_overlapping_slice_calls_as_no_idle():
     t = timeline.summarize(events)
     assert t["ar_gap_ms"] == pytest.approx([1.0, -0.5])
     assert t["ar_idle_ms"] == pytest.approx(1.0) and t["ar_idle_after_fill_ms"] == 0.0
+
+
+def test_host_world_summary_tables_every_file_and_says_whether_targets_are_met(tmp_path, capsys):
+    import host_world_summary as summary
+
+    def write(name, world, w, records):
+        path = tmp_path / name
+        path.write_text(json.dumps({"mode": {"world": world, "W": w}, "records": records}))
+        return str(path)
+
+    met = {"backend": "sdma", "M": 8192, "link_efficiency": 0.9, "contention": 1.03,
+           "t_ovl_ms": 2.0, "t_ovl_host_ms": 0.2, "correct": True}
+    slow = dict(met, link_efficiency=0.5)
+    files = [write("a.json", "gpu-host", 2, [met]), write("b.json", "gpu-host", 4, [slow]),
+             write("c.json", "gpu-emulated", 2, [met])]
+    assert summary.main(files) == 0  # a missed target is a result, not a failure
+    out = capsys.readouterr().out
+    assert "target gpu-host W=2 sdma M=8192: link eff 0.90 >= 0.85" in out and ": MET" in out
+    assert "target gpu-host W=4 sdma M=8192: link eff 0.50" in out and "MISSED" in out
+    assert out.count("target ") == 2 and "gpu-emulated" in out and "200" in out
+    wrong = write("d.json", "gpu-host", 2, [dict(met, correct=False)])
+    assert summary.main([wrong]) == 1 and "WRONG" in capsys.readouterr().out
+    assert summary.main([str(tmp_path / "none.json")]) == 1
+    assert "MISSING" in capsys.readouterr().out

@@ -17,18 +17,21 @@ from __future__ import annotations
 import json
 import sys
 
+import report
+
 #: issue 33's targets for sdma at M = 8192 (the emulated world's figures, 2026-12)
 TARGET_M, MIN_LINK_EFFICIENCY, MAX_CONTENTION = 8192, 0.85, 1.05
+#: the compare table's cells (report.cell), with the world and W of each record's file
+COLUMNS = (("world", "world", "{}"), ("W", "W", "{}"), ("backend", "backend", "{}"),
+           ("M", "M", "{}"), ("link eff", "link_efficiency", "{:.2f}"),
+           ("contention", "contention", "contention"), ("ovl ms", "t_ovl_ms", "{:.3f}"),
+           ("host us/call", "t_ovl_host_ms", "us"), ("ok", "correct", "ok"))
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def rows_of(paths: list[str]) -> tuple[list[tuple], list[str]]:
-    """(world, W, backend, M, link eff, contention, ovl ms, host us, correct) per record,
-    and the problems (a file missing or unreadable)."""
-    rows, problems = [], []
+def records_of(paths: list[str]) -> tuple[list[dict], list[str]]:
+    """Every record of the files, each with its file's world and W, and the problems (a
+    file missing or unreadable)."""
+    records, problems = [], []
     for path in paths:
         try:
             with open(path) as f:
@@ -37,33 +40,33 @@ def rows_of(paths: list[str]) -> tuple[list[tuple], list[str]]:
             problems.append(f"{path}: {e}")
             continue
         mode = data["mode"]
-        for r in data["records"]:
-            host = r.get("t_ovl_host_ms")
-            rows.append((mode.get("world"), mode.get("W"), r.get("backend"), r.get("M"),
-                         r.get("link_efficiency"), r.get("contention"), r.get("t_ovl_ms"),
-                         None if host is None else host * 1000.0, r.get("correct")))
-    return rows, problems
+        records += [{**r, "world": mode.get("world"), "W": mode.get("W")}
+                    for r in data["records"]]
+    return records, problems
+
+
+def target_line(r: dict) -> str:
+    """Whether a gpu-host sdma record at M = TARGET_M meets issue 33's targets."""
+    eff, cont = r.get("link_efficiency"), r.get("contention")
+    met = (eff is not None and eff >= MIN_LINK_EFFICIENCY
+           and cont is not None and cont <= MAX_CONTENTION)
+    return (f"target gpu-host W={r['W']} sdma M={r['M']}: link eff "
+            f"{report.cell(r, 'link_efficiency', '{:.2f}')} >= {MIN_LINK_EFFICIENCY}, "
+            f"contention {report.cell(r, 'contention', '{:.2f}')} <= {MAX_CONTENTION}: "
+            f"{'MET' if met else 'MISSED'}")
 
 
 def main(argv: list[str]) -> int:
-    rows, problems = rows_of(argv)
-    print(f"{'world':<13} {'W':>2} {'backend':<13} {'M':>6} {'link eff':>8} {'contention':>10} "
-          f"{'ovl ms':>7} {'host us/call':>12} ok")
-    for world, w, backend, m, eff, cont, ovl, host, ok in rows:
-        print(f"{world!s:<13} {w!s:>2} {backend!s:<13} {m!s:>6} {_fmt(eff, '.2f'):>8} "
-              f"{_fmt(cont, '.2f'):>10} {_fmt(ovl, '.3f'):>7} {_fmt(host, '.0f'):>12} "
-              f"{ {True: 'yes', False: 'WRONG', None: 'skipped'}[ok] }")
-    for world, w, backend, m, eff, cont, *_ in rows:
-        if world == "gpu-host" and backend == "sdma" and m == TARGET_M:
-            met = (eff is not None and eff >= MIN_LINK_EFFICIENCY
-                   and cont is not None and cont <= MAX_CONTENTION)
-            print(f"target gpu-host W={w} sdma M={m}: link eff {_fmt(eff, '.2f')} >= "
-                  f"{MIN_LINK_EFFICIENCY}, contention {_fmt(cont, '.2f')} <= {MAX_CONTENTION}: "
-                  f"{'MET' if met else 'MISSED'}")
+    records, problems = records_of(argv)
+    print(report.table(records, COLUMNS))
+    for r in records:
+        if r["world"] == "gpu-host" and r.get("backend") == "sdma" and r.get("M") == TARGET_M:
+            print(target_line(r))
     for p in problems:
         print(f"MISSING {p}")
-    # a backend the world does not serve is skipped (its record says why), not wrong
-    return 1 if problems or not rows or any(row[-1] is False for row in rows) else 0
+    # a backend the world does not serve is skipped (no 'correct'), not wrong
+    return 1 if problems or not records or any(r.get("correct") is False for r in records) \
+        else 0
 
 
 if __name__ == "__main__":
