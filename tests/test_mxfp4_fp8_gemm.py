@@ -47,6 +47,28 @@ def edge_weight(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return pack(codes), scales
 
 
+def rows_of_every_bf16_up_to(amax_bits: list[int], k: int) -> torch.Tensor:
+    """bf16 rows [., k]: for each positive finite bf16 amax (its bits), rows that open with
+    amax and hold every finite bf16 x with |x| <= amax, both signs (zeros pad the last):
+    the quantizer's division meets every x its row's scale can meet."""
+    every = torch.arange(0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    rows = []
+    for bits in amax_bits:
+        below = every[: bits + 1]
+        values = torch.cat([below, -below])
+        n = -(-values.numel() // (k - 1))
+        body = torch.zeros(n * (k - 1), dtype=torch.bfloat16)
+        body[: values.numel()] = values
+        rows.append(torch.cat([every[bits].expand(n, 1), body.view(n, k - 1)], dim=1))
+    return torch.cat(rows)
+
+
+#: amax bits for the exhaustive rows: the least subnormal, subnormals, where the scale's
+#: floor (1e-12) applies and ends, mantissas 1.0 and 1.1111111b over the exponent range,
+#: and the largest finite bf16
+AMAX_EDGES = [0x0001, 0x0040, 0x2EF7, 0x3000, 0x3F80, 0x3FFF, 0x4700, 0x477F, 0x5F80, 0x7F7F]
+
+
 def test_plan_columns_at_the_range_edges():
     packed, scales = edge_weight(128)
     plan = fk.plan_columns(packed, scales)
@@ -79,7 +101,7 @@ import torch
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fk
 from radiance_ar.overlap.kernels import quantize_fp8_rows as qk
-from test_mxfp4_fp8_gemm import edge_weight
+from test_mxfp4_fp8_gemm import AMAX_EDGES, edge_weight, rows_of_every_bf16_up_to
 
 g = torch.Generator().manual_seed(0)
 # quantization: bits of the reference, one pass and the two-pass loop, special rows
@@ -99,6 +121,13 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
         nan = rq.float().isnan()
         assert torch.equal(q.float().isnan(), nan), (dtype, k)
         assert torch.equal(q.view(torch.uint8)[~nan], rq.view(torch.uint8)[~nan]), (dtype, k)
+# every finite bf16 value against amax at the edges (the division, module doc)
+x = rows_of_every_bf16_up_to(AMAX_EDGES, 4096)
+q = torch.full(x.shape, 0x55, dtype=torch.uint8).view(qk.FP8)
+s = torch.full((x.shape[0],), -1.0)
+qk.quantize_fp8_rows(x, out=q, scale_out=s)
+rq, rs = mx.quantize_activation(x)
+assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
 
 # the GEMM: edge weights, K not a multiple of BLOCK_K (masked), rows past a tile
 k = 160
@@ -160,6 +189,22 @@ def test_gpu_quantize_fp8_rows_bits_match_the_reference():
     qk.quantize_fp8_rows(x, out=q, scale_out=s)
     assert torch.equal(s, xs)
     assert torch.equal(q.view(torch.uint8), xq.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_gpu_quantize_fp8_rows_divides_every_bf16_as_torch_does():
+    """Every finite bf16 x against amax at every 97th positive bf16 and the edges: the
+    kernel's division (a reciprocal a row, two fma a value) against torch's division."""
+    from radiance_ar.overlap.kernels import quantize_fp8_rows as qk
+
+    amaxes = sorted(set(range(1, 0x7F80, 97)) | set(AMAX_EDGES))
+    x = rows_of_every_bf16_up_to(amaxes, 4352).cuda()
+    q = torch.full(x.shape, 0x55, dtype=torch.uint8, device="cuda").view(qk.FP8)
+    s = torch.full((x.shape[0],), -1.0, device="cuda")
+    qk.quantize_fp8_rows(x, out=q, scale_out=s)
+    rq, rs = mx.quantize_activation(x)
+    assert torch.equal(s, rs)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
 
 
 #: the default config (weight widened in PTX), the same widened in Triton ops, and the

@@ -7,19 +7,31 @@ Math, per row m of x [rows, K] (bf16, fp16 or fp32), in fp32 with IEEE rounding:
                                                             then to nearest e4m3, ties even)
 
 which is bit for bit :func:`radiance_ar.overlap.producer_mxfp4.quantize_activation`
-(torch: ``amax``, ``/ 448``, ``clamp_min(1e-12)``, ``x.float() / scale``, ``.to(e4m3)``):
-the divisions are ``div_rn`` (Triton's ``/`` on fp32 is an approximate division on
-CUDA); |x / scale| <= 448 (1 + 2^-23) rounds to 448 at most, so the cast's saturation
-(Triton) and overflow to NaN (torch) never differ; a row holding a NaN gets a NaN scale
-and NaN codes as in torch (whose ``amax`` propagates NaN; Triton's ``max`` does not).
+(torch: ``amax``, ``/ 448``, ``clamp_min(1e-12)``, ``x.float() / scale``, ``.to(e4m3)``);
+|x / scale| <= 448 (1 + 2^-23) rounds to 448 at most, so the cast's saturation (Triton)
+and overflow to NaN (torch) never differ; a row holding a NaN gets a NaN scale and NaN
+codes as in torch.
+
+How, with few instructions a value (the H200 ran the earlier form, an IEEE division a
+value and a second reduction for NaN, at 0.43-0.54 of copy bandwidth, issue-bound):
+
+- amax and NaN in one integer max: the bits of |x| (sign cleared) order as the values
+  do, and every NaN's bits lie above infinity's, so ``max(bits & ~sign)`` is |x|'s max,
+  or a NaN when the row holds one (Triton's float ``max`` drops NaN);
+- x / scale as Markstein's sequence: ``y = 1 / scale`` once a row (rounded to nearest),
+  then per value ``q = x * y``, ``r = fma(-scale, q, x)``, ``q = fma(r, y, q)``, which is
+  the division rounded to nearest (Markstein's theorem: y within half an ulp of 1/scale
+  and q within one ulp of x/scale); x = +-0 keeps its sign (the correction adds +0). It
+  was checked against torch's division for every finite bf16 x <= amax and every third
+  positive bf16 amax on the H200 (355 M divisions, no fp32 or e4m3 difference) and for
+  every amax under Triton's interpreter (``tests/test_mxfp4_fp8_gemm.py`` checks a spread
+  of them end to end). A row whose scale is infinite or NaN takes the IEEE division.
 
 Memory: a row is read once (held in registers, as two power-of-two tiles so that little
 work is masked) and written once as fp8, plus 4 bytes of scale: 3 bytes a bf16 element,
-107 MB at 8192 x 4352, 22 us at the H200's 4.8 TB/s. The IEEE divisions (div_rn, about
-10 instructions a value on sm_90) stay near that: the SASS count (Triton 3.9 offline)
-gives about 17 us of issue at 8192 x 4352, where one 8192-wide tile would take 32.
-Rows longer than :data:`ONE_PASS_MAX_K` are read twice (amax, then cast), the second
-read mostly from L2.
+107 MB at 8192 x 4352. On the H200 that takes 0.048 ms, 0.74 of a device copy of the
+same bytes (``tools/results/2026-12-04-h200-quantize-fp8-rows/``). Rows longer than
+:data:`ONE_PASS_MAX_K` are read twice (amax, then cast), the second read mostly from L2.
 
 Triton is imported at the first launch (``TRITON_INTERPRET=1`` set before that runs the
 kernel on CPU tensors, as the tests do).
@@ -38,6 +50,8 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 (e4m3fn) value
 MIN_SCALE = 1e-12  # per-token scale floor: an all-zero row quantizes to zeros, not NaN
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: the bits of +infinity per input dtype (sign cleared, larger bits are NaN)
+INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
 #: rows up to this long are held in registers whole (16 KB of fp32 a row for 16 warps at
 #: most); every prefill shape of tools/model_shapes.py (K <= 7168) is one pass
 ONE_PASS_MAX_K = 16384
@@ -54,6 +68,9 @@ def _quantize_fp8_rows_kernel(
     K,  # columns
     x_row_stride,  # elements between consecutive rows of x
     q_row_stride,  # elements between consecutive rows of q
+    BITS: tl.constexpr,  # tl.int16 or tl.int32: an integer of x's width
+    ABS_MASK: tl.constexpr,  # every bit of x but the sign: 0x7FFF or 0x7FFFFFFF
+    INF_BITS: tl.constexpr,  # the bits of x's +infinity (any larger |x| bits are NaN)
     ONE_PASS: tl.constexpr,  # K <= BLOCK_K + TAIL_K: the row stays in registers
     GRID_IN_FP32: tl.constexpr,  # cast by _e4m3_by_fp32_grid (Triton's interpreter)
     BLOCK_K: tl.constexpr,  # columns per load (one pass: the largest power of two <= K)
@@ -66,38 +83,50 @@ def _quantize_fp8_rows_kernel(
     if ONE_PASS:
         # two power-of-two tiles (Triton's shapes) cover K with little masked work:
         # 4352 = 4096 + 256 where one tile would be 8192
-        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        amax = tl.max(tl.abs(x), axis=0)
-        nans = tl.sum((x != x).to(tl.int32), axis=0)
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0)
+        amax_bits = _abs_bits_max(x, BITS, ABS_MASK)
         if TAIL_K > 0:
             offs_t = BLOCK_K + tl.arange(0, TAIL_K)
-            xt = tl.load(x_row + offs_t, mask=offs_t < K, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(xt), axis=0))
-            nans += tl.sum((xt != xt).to(tl.int32), axis=0)
+            xt = tl.load(x_row + offs_t, mask=offs_t < K, other=0.0)
+            amax_bits = tl.maximum(amax_bits, _abs_bits_max(xt, BITS, ABS_MASK))
     else:
-        amax = tl.zeros((), tl.float32)
-        nans = tl.zeros((), tl.int32)
+        amax_bits = tl.zeros((), BITS).to(tl.int32)
         for k0 in range(0, K, BLOCK_K):
-            part = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(part), axis=0))
-            nans += tl.sum((part != part).to(tl.int32), axis=0)
-    amax = tl.where(nans > 0, float("nan"), amax)
+            part = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0)
+            amax_bits = tl.maximum(amax_bits, _abs_bits_max(part, BITS, ABS_MASK))
+    amax = amax_bits.to(BITS).to(x_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    amax = tl.where(amax_bits > INF_BITS, float("nan"), amax)
     scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1e-12, propagate_nan=tl.PropagateNan.ALL)
     tl.store(s_ptr + row, scale)
+    fast = scale < float("inf")  # false for an infinite or NaN scale: IEEE division
+    y = tl.math.div_rn(1.0, scale)
     if ONE_PASS:
-        q = tl.math.div_rn(x, scale)
-        q8 = _e4m3_by_fp32_grid(q) if GRID_IN_FP32 else q.to(tl.float8e4nv)
-        tl.store(q_row + offs, q8, mask=offs < K)
+        tl.store(q_row + offs, _codes(x, scale, y, fast, GRID_IN_FP32), mask=offs < K)
         if TAIL_K > 0:
-            qt = tl.math.div_rn(xt, scale)
-            qt8 = _e4m3_by_fp32_grid(qt) if GRID_IN_FP32 else qt.to(tl.float8e4nv)
-            tl.store(q_row + offs_t, qt8, mask=offs_t < K)
+            tl.store(q_row + offs_t, _codes(xt, scale, y, fast, GRID_IN_FP32), mask=offs_t < K)
     else:
         for k0 in range(0, K, BLOCK_K):
-            part = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-            q = tl.math.div_rn(part, scale)
-            q8 = _e4m3_by_fp32_grid(q) if GRID_IN_FP32 else q.to(tl.float8e4nv)
-            tl.store(q_row + k0 + offs, q8, mask=k0 + offs < K)
+            part = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0)
+            tl.store(q_row + k0 + offs, _codes(part, scale, y, fast, GRID_IN_FP32),
+                     mask=k0 + offs < K)
+
+
+def _abs_bits_max(x, BITS: tl.constexpr, ABS_MASK: tl.constexpr):
+    """max over x of |x|'s bits (sign cleared) as int32: |x|'s max, NaN bits above +inf."""
+    return tl.max((x.to(BITS, bitcast=True) & ABS_MASK).to(tl.int32), axis=0)
+
+
+def _codes(x, scale, y, fast, GRID_IN_FP32: tl.constexpr):
+    """e4m3(x / scale): Markstein's sequence with y = 1 / scale (module doc) where
+    ``fast``, the IEEE division otherwise."""
+    xf = x.to(tl.float32)
+    if fast:
+        q = xf * y
+        q = tl.fma(tl.fma(-scale, q, xf), y, q)
+        q = tl.where(xf == 0.0, xf, q)  # -0 / scale is -0; the correction would add +0
+    else:
+        q = tl.math.div_rn(xf, scale)
+    return _e4m3_by_fp32_grid(q) if GRID_IN_FP32 else q.to(tl.float8e4nv)
 
 
 def _e4m3_by_fp32_grid(v):
@@ -116,9 +145,11 @@ def _e4m3_by_fp32_grid(v):
 
 
 def _kernel() -> Any:
-    global _jitted, _e4m3_by_fp32_grid
+    global _jitted, _e4m3_by_fp32_grid, _abs_bits_max, _codes
     if _jitted is None:
         _e4m3_by_fp32_grid = lazy_jit.jit(_e4m3_by_fp32_grid, globals())
+        _abs_bits_max = lazy_jit.jit(_abs_bits_max, globals())
+        _codes = lazy_jit.jit(_codes, globals())
         _jitted = lazy_jit.jit(_quantize_fp8_rows_kernel, globals())
     return _jitted
 
@@ -169,9 +200,14 @@ def quantize_fp8_rows(x: torch.Tensor, out: torch.Tensor | None = None,
         tail_k = 0 if k <= block_k else max(16, 1 << (k - block_k - 1).bit_length())
     else:
         block_k, tail_k = LOOP_BLOCK_K, 0
-    # 16 values a thread while the row is in registers
-    num_warps = min(16, max(1, (block_k + tail_k) // 512))
-    _kernel()[(rows,)](x, out, scale_out, k, x.stride(0), out.stride(0),
-                       ONE_PASS=one_pass, GRID_IN_FP32=envs.triton_interpreter(),
-                       BLOCK_K=block_k, TAIL_K=tail_k, num_warps=num_warps)
+    # 32 values a thread, 2 to 8 warps: the fastest of 2-16 warps at K = 3584, 4352, 7168
+    # and 8192 on the H200, or within 2% (tools/results/2026-12-04-h200-quantize-fp8-rows/)
+    num_warps = min(8, max(2, (block_k + tail_k) // 1024))
+    kernel = _kernel()
+    wide = x.element_size() == 4
+    kernel[(rows,)](x, out, scale_out, k, x.stride(0), out.stride(0),
+                    BITS=tl.int32 if wide else tl.int16, ABS_MASK=0x7FFFFFFF if wide else 0x7FFF,
+                    INF_BITS=INF_BITS[x.dtype], ONE_PASS=one_pass,
+                    GRID_IN_FP32=envs.triton_interpreter(), BLOCK_K=block_k, TAIL_K=tail_k,
+                    num_warps=num_warps)
     return out, scale_out
