@@ -9,9 +9,12 @@ warm-up, the activation rotated over copies that exceed the L2 (tools/gpu_timing
 The same is measured for ``torch._scaled_mm`` fp8 rowwise (e4m3 both sides, per-token
 and per-channel scales) and bf16 ``torch.mm``, and for the producer's ``prepare``
 (per-token quantization; the op runs it once per call), the one-pass quantize kernel
-(same bits as the torch reference, checked) and the fp8 route (the weight widened to e4m3,
+(same bits as the torch reference, checked) beside a device copy of its bytes, and the fp8 route (the weight widened to e4m3,
 then ``torch._scaled_mm`` rowwise; :mod:`radiance_ar.overlap.mxfp4_routes`) beside the
-Triton routes (fp8 and bf16 MMA). ``--sweep`` times both routes over the prefill bench's o_proj and down_proj
+Triton routes (fp8 and bf16 MMA). Steps shorter than their launch (quantize, widen,
+prepare, the copy) also get ``graph_ms``: the device alone, launches replayed from a CUDA
+graph, as the op's replayed calls run them (``ms`` is then the host's launch rate).
+``--sweep`` times both routes over the prefill bench's o_proj and down_proj
 shapes at M = 256 .. 16384 (the fp8 route's row threshold). The table (TFLOP/s = 2MNK / t)
 is how the offline table ``CONFIGS`` is tuned: put a measured winner there and cite
 the run.
@@ -138,18 +141,37 @@ def bench(args: argparse.Namespace, candidates) -> list[dict]:
     qs = torch.empty_like(xs)
     quantize_fp8_rows(x, out=q8, scale_out=qs)
     same = torch.equal(q8.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(qs, xs)
-    ms = timed(lambda i: quantize_fp8_rows(xbs[i % copies], out=q8, scale_out=qs),
-               args.reps, args.warmup)
-    rows.append({"kernel": "quantize x: one-pass kernel", "ms": ms, "same_bits": same,
-                 "gb_per_s": 3 * m * k / (ms * 1e-3) / 1e9})
-    ms = timed(lambda i: mx.quantize_activation(xbs[i % copies], out=q8), args.reps, args.warmup)
-    rows.append({"kernel": "quantize x: torch reference", "ms": ms})
+    x_bytes = 3 * m * k + 4 * m  # read bf16, write e4m3 and the scales
+    rows.append(short_kernel_row(
+        "quantize x: one-pass kernel", lambda i: quantize_fp8_rows(xbs[i % copies], out=q8,
+                                                                   scale_out=qs),
+        x_bytes, args, same_bits=same))
+    rows.append(short_kernel_row(
+        "quantize x: torch reference", lambda i: mx.quantize_activation(xbs[i % copies], out=q8),
+        x_bytes, args))
+    src = torch.empty(x_bytes // 2, dtype=torch.uint8, device="cuda")
+    srcs, dst = [src] + [src.clone() for _ in range(gpu_timing.copies_for(src) - 1)], src.clone()
+    rows.append(short_kernel_row("device copy of the quantizer's bytes",
+                                 lambda i: dst.copy_(srcs[i % len(srcs)]), x_bytes, args))
     rows += route_rows(args, m, n, k, x, w, packed, scales, copies)
     prod, scratch = producers.get(mx.NAME), ScratchPool()
-    ms = timed(lambda i: prod.prepare(xbs[i % copies], packed, scales, scratch),
-               args.reps, args.warmup)
-    rows.append({"kernel": "producer prepare (quantize x, widen w on the fp8 route)", "ms": ms})
+    rows.append(short_kernel_row("producer prepare (quantize x, widen w on the fp8 route)",
+                                 lambda i: prod.prepare(xbs[i % copies], packed, scales, scratch),
+                                 None, args))
     return rows
+
+
+def short_kernel_row(name: str, fn, nbytes: float | None, args: argparse.Namespace,
+                     **extra) -> dict:
+    """A row for a step shorter than its launch: ``ms`` from a stream of eager calls
+    (host-bound where the launch outlasts the kernel), ``graph_ms`` the device alone
+    (launches replayed from a CUDA graph), ``gb_per_s`` from ``graph_ms``."""
+    ms = timed(fn, args.reps, args.warmup)
+    graph_ms = metrics.median_and_spread(gpu_timing.replayed_times(fn, args.reps))[0]
+    row = {"kernel": name, "ms": ms, "graph_ms": graph_ms, **extra}
+    if nbytes is not None:
+        row["gb_per_s"] = nbytes / (graph_ms * 1e-3) / 1e9
+    return row
 
 
 def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
@@ -192,10 +214,9 @@ def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
         ms = timed(fn, args.reps, args.warmup)
         rows.append({"kernel": name, "ms": ms, "tflops": tflops(m, n, k, ms),
                      "rel_rms_err": err})
-    ms = timed(lambda i: mxfp4_widen_fp8.widen(packed, scales, plan.top, out=w8),
-               args.reps, args.warmup)
-    rows.append({"kernel": "route cublas_fp8: widen w alone", "ms": ms,
-                 "gb_per_s": (n * k * 1.5 + n * k / 32) / (ms * 1e-3) / 1e9})
+    rows.append(short_kernel_row("route cublas_fp8: widen w alone",
+                                 lambda i: mxfp4_widen_fp8.widen(packed, scales, plan.top, out=w8),
+                                 n * k * 1.5 + n * k / 32, args))
     return rows
 
 
@@ -293,7 +314,7 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    keys = [k for k in ("m", "n", "k", "ms", "tflops", "gb_per_s", "rel_rms_err", "same_bits",
+    keys = [k for k in ("m", "n", "k", "ms", "graph_ms", "tflops", "gb_per_s", "rel_rms_err", "same_bits",
                         "shared_bytes", "registers",
                         "spill_bytes", "wgmma_serialized") if any(k in r for r in rows)]
     width = max(len(r["kernel"]) for r in rows)
