@@ -41,8 +41,9 @@ from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
 from radiance_ar.overlap.kernels import mxfp4_widen_fp8 as widen_fp8
 from radiance_ar.overlap.kernels.mxfp4_fp8_gemm import ColumnPlan
-from radiance_ar.overlap.kernels.quantize_fp8_rows import quantize_fp8_rows
-from radiance_ar.overlap.producers import FP8, FP8_MAX, Prepared
+# quantize_activation: the activation half of this producer's definition (mx.quantize_activation)
+from radiance_ar.overlap.fp8_activation import quantize_activation, quantize_tokens  # noqa: F401
+from radiance_ar.overlap.producers import FP8, Prepared
 from radiance_ar.overlap.scratch import ScratchPool
 
 NAME = "mxfp4_w4a8"
@@ -58,29 +59,6 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 #: stay below (strict >) and ties at 0.75, 1.75 and 3.5 go up (>=).
 _MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
               (3.5, True), (5.0, False))
-#: Per-token scale floor: an all-zero row quantizes to zeros, not to NaN.
-_MIN_X_SCALE = 1e-12
-
-
-def quantize_activation(x: torch.Tensor, out: torch.Tensor | None = None,
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(xq fp8 e4m3 [M, K], x_scale fp32 [M]) with x ~ x_scale[:, None] * xq (module doc)."""
-    if x.dim() != 2 or not x.is_floating_point():
-        raise ValueError(f"quantize_activation: x must be a 2-D float tensor, got "
-                         f"{tuple(x.shape)} {x.dtype}")
-    # The divisor is a tensor on x's device: torch on CUDA divides by a Python number as
-    # a multiplication by its rounded reciprocal (ATen's div_true_kernel_cuda), whose
-    # bits differ from the division's in about half of the cases (1e6 amax values on the
-    # CPU: 549084); the division, rounded once, is the definition on every device and
-    # what the one-pass kernel computes (div_rn).
-    divisor = torch.full((), FP8_MAX, dtype=torch.float32, device=x.device)
-    x_scale = (x.abs().amax(dim=1).float() / divisor).clamp_min(_MIN_X_SCALE)
-    if out is None:
-        out = torch.empty(x.shape, dtype=FP8, device=x.device)
-    torch.div(x.float(), x_scale[:, None], out=out)
-    return out, x_scale
-
-
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed e2m1 codes [N, K/2] uint8, e8m0 scales [N, K/32] uint8) of w [N, K]."""
     if w.dim() != 2 or not w.is_floating_point() or w.shape[1] % MX_GROUP:
@@ -171,7 +149,7 @@ _ROWWISE = producers.ScaledMMRowwise()
 def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
             scratch: ScratchPool) -> Prepared:
     """Per-token fp8 quantization of x into a persistent buffer, on the caller's stream
-    (one kernel, :mod:`radiance_ar.overlap.kernels.quantize_fp8_rows`, the bits of
+    (:func:`radiance_ar.overlap.fp8_activation.quantize_tokens`: one kernel, the bits of
     :func:`quantize_activation`), then the route's weight (module doc of
     :mod:`radiance_ar.overlap.mxfp4_routes`):
 
@@ -185,7 +163,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | 
     side-stream read before it returns)."""
     check(x, weight, weight_scale)
     assert weight_scale is not None  # check() refused None
-    xq, x_scale = _quantize(x, scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device))
+    xq, x_scale = quantize_tokens(x, scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device))
     if fp8_kernel.has_fp8_mma(x.device) or envs.triton_interpreter():
         plan = routes.cached_plan(weight, weight_scale)
         if plan.fits and not routes.cublas_refusal(x.device, x.dtype, x.shape[0],
@@ -201,14 +179,6 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | 
     if storage != FP8:  # the same values, widened for this GPU's kernel configs
         xq = scratch.get("mxfp4_xq_wide", tuple(x.shape), storage, x.device).copy_(xq)
     return MxPrepared(xq, weight, x_scale, weight_scale, "triton_bf16")
-
-
-def _quantize(x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one-pass kernel where kernels run; elsewhere (a CPU without the interpreter,
-    where no route can launch) the reference, the same bits."""
-    if x.is_cuda or envs.triton_interpreter():
-        return quantize_fp8_rows(x, out=out)
-    return quantize_activation(x, out=out)
 
 
 def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:

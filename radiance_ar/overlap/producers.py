@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from radiance_ar.overlap.fp8_activation import quantize_tokens
 from radiance_ar.overlap.scratch import ScratchPool
 from radiance_ar.streams import current_stream_handle
 
@@ -127,9 +128,8 @@ class ScaledMMRowwise(Producer):
     def prepare(self, x, weight, weight_scale, scratch):
         # Per-token scales: a per-call tensor on the caller's stream (the pipeline orders
         # the caller's stream after every side-stream read before returning).
-        x_scale = (x.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp_min(1e-12)
-        x8 = scratch.get("x_fp8", tuple(x.shape), FP8, x.device)
-        torch.div(x.float(), x_scale, out=x8)
+        x8, x_scale = quantize_tokens(x, scratch.get("x_fp8", tuple(x.shape), FP8, x.device))
+        x_scale = x_scale.unsqueeze(1)
         # Rowwise _scaled_mm takes a (1, N) weight scale: a per-tensor one (vLLM's
         # Fp8LinearMethod) is broadcast into a per-call tensor, read at every call so a
         # weight reload that rewrites the scale is seen.

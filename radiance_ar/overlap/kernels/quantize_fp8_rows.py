@@ -6,7 +6,7 @@ Math, per row m of x [rows, K] (bf16, fp16 or fp32), in fp32 with IEEE rounding:
     q[m, k]  = e4m3(x[m, k] / scale[m])                    (division rounded to nearest,
                                                             then to nearest e4m3, ties even)
 
-which is bit for bit :func:`radiance_ar.overlap.producer_mxfp4.quantize_activation`
+which is bit for bit :func:`radiance_ar.overlap.fp8_activation.quantize_activation`
 (torch: ``amax``, ``/ 448``, ``clamp_min(1e-12)``, ``x.float() / scale``, ``.to(e4m3)``);
 |x / scale| <= 448 (1 + 2^-23) rounds to 448 at most, so the cast's saturation (Triton)
 and overflow to NaN (torch) never differ; a row holding a NaN gets a NaN scale and NaN
