@@ -287,6 +287,23 @@ def test_gpu_generic_producer_on_the_side_stream_equals_the_unsliced_apply(metho
 
 
 @pytest.mark.gpu
+def test_gpu_fp8_rowwise_quantizes_x_with_the_definitions_bits():
+    """The producer quantizes x through the one-pass kernel: the bits of the torch
+    definition (fp8_activation.quantize_activation), scales included."""
+    from radiance_ar.overlap.fp8_activation import quantize_activation
+    from radiance_ar.overlap.scratch import ScratchPool
+
+    x, w = (t.cuda() for t in world_jobs.shard(0, 0, 1000, 256, 512))
+    x[3] *= 1e-30  # tiny rows: scales near the floor
+    w8 = (w.float() / (w.float().abs().amax() / 448)).to(FP8)
+    prepared = producers.get("fp8_rowwise").prepare(x, w8, torch.ones(256, device="cuda"),
+                                                    ScratchPool())
+    xq, x_scale = quantize_activation(x)
+    assert torch.equal(prepared.x.view(torch.uint8), xq.view(torch.uint8))
+    assert torch.equal(prepared.x_scale, x_scale[:, None])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("producer", ["fp8_rowwise", "fp8_tensorwise"])
 def test_gpu_fp8_producers_sliced_equal_unsliced(producer):
     x, w = (t.cuda() for t in world_jobs.shard(0, 0, 1000, 256, 512))
