@@ -128,7 +128,9 @@ def test_a_rank_failing_before_its_reduced_shard_is_reported_and_the_gpu_release
     """Rank 1's call stops just before it publishes its reduced shard: ``raise`` (its call
     raises; its abort word says so) or ``silent`` (it never posts ``reduced``, as a rank
     that died there). Rank 0's stream is parked on that flag: ``check()`` must raise
-    within the bound and release it; after resync a call is right again."""
+    within the bound and release it; rank 1's check then raises too where its call had
+    completed (a call a peer gave up on fails on every rank); after resync a call is
+    right again."""
     settings = BackendSettings(sdma_schedule="twoshot", spin_timeout_ms=300)
     ranks = EmulatedRanks(2, DEV)
     bes = [SdmaWht6Backend(w, settings) for w in ranks.worlds]
@@ -163,7 +165,13 @@ def test_a_rank_failing_before_its_reduced_shard_is_reported_and_the_gpu_release
     with pytest.raises(error, match=pattern):
         bes[0].check()
     assert time.monotonic() - start < 1.5
-    bes[1].check(5000)  # rank 1 waited only for flags rank 0 posted
+    if fault == "silent":
+        # rank 1's own waits were met (rank 0 posted its flags), but rank 0 gave up on
+        # that call: every rank raises (GpuSignals._raise_if_released_by_a_peer)
+        with pytest.raises(PeerAbortedError, match="peer rank 0 gave up on call"):
+            bes[1].check(5000)
+    else:
+        bes[1].check(5000)  # its own call raised already; nothing more to report
     ranks.streams[0].synchronize()  # released: returns
     for be in bes:
         be.resync()
