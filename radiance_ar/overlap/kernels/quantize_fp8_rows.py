@@ -12,8 +12,9 @@ which is bit for bit :func:`radiance_ar.overlap.fp8_activation.quantize_activati
 and overflow to NaN (torch) never differ; a row holding a NaN gets a NaN scale and NaN
 codes as in torch.
 
-How, with few instructions a value (the H200 ran the earlier form, an IEEE division a
-value and a second reduction for NaN, at 0.43-0.54 of copy bandwidth, issue-bound):
+How, with few instructions a value (on the H200 the earlier form, an IEEE division a
+value and a second reduction for NaN, ran at 0.43-0.54 of copy bandwidth; this one at
+0.78-0.81):
 
 - amax and NaN in one integer max: the bits of |x| (sign cleared) order as the values
   do, and every NaN's bits lie above infinity's, so ``max(bits & ~sign)`` is |x|'s max,
@@ -21,11 +22,14 @@ value and a second reduction for NaN, at 0.43-0.54 of copy bandwidth, issue-boun
 - x / scale as Markstein's sequence: ``y = 1 / scale`` once a row (rounded to nearest),
   then per value ``q = x * y``, ``r = fma(-scale, q, x)``, ``q = fma(r, y, q)``, which is
   the division rounded to nearest (Markstein's theorem: y within half an ulp of 1/scale
-  and q within one ulp of x/scale); x = +-0 keeps its sign (the correction adds +0). It
-  was checked against torch's division for every finite bf16 x <= amax and every third
-  positive bf16 amax on the H200 (355 M divisions, no fp32 or e4m3 difference) and for
-  every amax under Triton's interpreter (``tests/test_mxfp4_fp8_gemm.py`` checks a spread
-  of them end to end). A row whose scale is infinite or NaN takes the IEEE division.
+  and q within one ulp of x/scale, neither underflowing); x = +-0 keeps its sign (the
+  correction adds +0). Checked against torch's division for every finite bf16 x <= amax:
+  every third positive bf16 amax on the H200 (355 M divisions), every amax under Triton's
+  interpreter (1.07e9, ``tools/results/2026-12-04-cpu-markstein-division/``); no e4m3 code
+  differs, nor any fp32 quotient of at least 2^-11 (below, where the residual can
+  underflow, every code is a signed zero either way). ``tests/test_mxfp4_fp8_gemm.py``
+  checks a spread of amax values end to end. A row whose scale is infinite or NaN takes
+  the IEEE division.
 
 Memory: a row is read once (held in registers, as two power-of-two tiles so that little
 work is masked) and written once as fp8, plus 4 bytes of scale: 3 bytes a bf16 element,
