@@ -9,13 +9,14 @@ warm-up, the activation rotated over copies that exceed the L2 (tools/gpu_timing
 The same is measured for ``torch._scaled_mm`` fp8 rowwise (e4m3 both sides, per-token
 and per-channel scales) and bf16 ``torch.mm``, and for the producer's ``prepare``
 (per-token quantization; the op runs it once per call), the one-pass quantize kernel
-(same bits as the torch reference, checked) beside a device copy of its bytes, and the fp8 route (the weight widened to e4m3,
-then ``torch._scaled_mm`` rowwise; :mod:`radiance_ar.overlap.mxfp4_routes`) beside the
-Triton routes (fp8 and bf16 MMA). Steps shorter than their launch (quantize, widen,
-prepare, the copy) also get ``graph_ms``: the device alone, launches replayed from a CUDA
-graph, as the op's replayed calls run them (``ms`` is then the host's launch rate).
-``--sweep`` times both routes over the prefill bench's o_proj and down_proj
-shapes at M = 256 .. 16384 (the fp8 route's row threshold). The table (TFLOP/s = 2MNK / t)
+(same bits as the torch reference, checked) beside a device copy of its bytes, and the
+fp8 route (the weight widened to e4m3, then ``torch._scaled_mm`` rowwise;
+:mod:`radiance_ar.overlap.mxfp4_routes`) beside the Triton routes (fp8 and bf16 MMA).
+Steps shorter than their launch (quantize, widen, prepare, the copy) also get
+``graph_ms``: the device alone, launches replayed from a CUDA graph, as the op's replayed
+calls run them (``ms`` is then the host's launch rate). ``--sweep`` times both routes
+over the prefill bench's o_proj and down_proj shapes at M = 256 .. 16384 (the fp8
+route's row threshold). The table (TFLOP/s = 2MNK / t)
 is how the offline table ``CONFIGS`` is tuned: put a measured winner there and cite
 the run.
 
