@@ -158,6 +158,33 @@ print("interpreter-ok")
 """
 
 
+@needs_triton
+@pytest.mark.parametrize("target", [("cuda", 90, 32), ("hip", "gfx942", 64)])
+def test_quantizer_compiles_offline_for_every_input_dtype_and_both_paths(target):
+    """The GPU runs only bf16 here; fp16 and fp32 (fp8_rowwise takes them) and the loop
+    path compile for sm_90 and gfx942 with the installed Triton (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from radiance_ar.overlap.kernels import quantize_fp8_rows as qk
+
+    fn = qk._kernel()
+    tl = qk.tl
+    for ptr, bits, mask in (("*bf16", tl.int16, 0x7FFF), ("*fp16", tl.int16, 0x7FFF),
+                            ("*fp32", tl.int32, 0x7FFFFFFF)):
+        dtype = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[ptr]
+        for one_pass, tail in ((True, 256), (False, 0)):
+            const = {"BITS": bits, "ABS_MASK": mask, "INF_BITS": qk.INF_BITS[dtype],
+                     "ONE_PASS": one_pass, "GRID_IN_FP32": False, "BLOCK_K": 4096,
+                     "TAIL_K": tail}
+            sig = {"x_ptr": ptr, "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "K": "i32",
+                   "x_row_stride": "i32", "q_row_stride": "i32",
+                   **{name: "constexpr" for name in const}}
+            compiled = triton.compile(
+                triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
+                target=GPUTarget(*target), options={"num_warps": 4})
+            assert compiled.asm, (target, ptr, one_pass)
+
+
 @pytest.mark.interpreter
 @needs_triton
 def test_kernels_under_the_interpreter():
