@@ -1,4 +1,5 @@
-"""Which output tile a GEMM program computes: bands of GROUP_M row tiles (the MXFP4 kernels').
+"""The MXFP4 GEMM kernels' shared tile work: which output tile a program computes (bands
+of GROUP_M row tiles), where its operand tiles start, and one K step's loads.
 
 Programs are numbered along bands of ``GROUP_M`` row tiles, every column tile of a band
 before the next band, so the weight tiles a band reads stay in L2 while its row tiles
@@ -10,6 +11,10 @@ use them (the grouped ordering of Triton's matmul tutorial)::
 
 Out-of-range rows and columns are clamped for loads (``load_m``, ``load_n``: the last
 row or column, read and never stored) so that no load needs a mask.
+
+Operands (both kernels): x [rows, K] one element a value, the packed e2m1 weight
+[N, K/2] two values a byte, its e8m0 scales [N, K/32] one byte per 32 values. A kernel
+binds these helpers as globals before its first launch (:func:`bind`); Triton inlines them.
 """
 
 from __future__ import annotations
@@ -46,10 +51,46 @@ def _band_tile(
     return offs_m, offs_n, load_m, load_n
 
 
-def band_tile() -> Any:
-    """The jitted helper, for a kernel module to bind as its global ``_band_tile`` before
-    its kernel's first launch (Triton resolves a kernel's globals when it compiles)."""
+def _operand_tiles(
+    x_ptr, w_ptr, ws_ptr,  # the activation, the packed weight, its scales
+    load_m, load_n,  # the tile's clamped rows and columns (_band_tile)
+    x_row_stride, w_row_stride, ws_row_stride,  # elements (x) or bytes between rows
+    BLOCK_K: tl.constexpr,  # K per step, a multiple of 32
+):
+    """(offs_k, offs_kb, offs_kg, x_ptrs, w_ptrs, ws_ptrs): the K offsets of a step in
+    values, weight bytes and scale groups, and the first step's tiles of the three."""
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kb = tl.arange(0, BLOCK_K // 2)
+    offs_kg = tl.arange(0, BLOCK_K // 32)
+    x_ptrs = x_ptr + load_m[:, None] * x_row_stride + offs_k[None, :]
+    w_ptrs = w_ptr + load_n[:, None] * w_row_stride + offs_kb[None, :]
+    ws_ptrs = ws_ptr + load_n[:, None] * ws_row_stride + offs_kg[None, :]
+    return offs_k, offs_kb, offs_kg, x_ptrs, w_ptrs, ws_ptrs
+
+
+def _step_tiles(
+    x_ptrs, w_ptrs,  # this step's activation and packed-weight tiles
+    offs_k, offs_kb,  # the step's K offsets in values and weight bytes
+    left,  # K values from this step on
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask
+):
+    """(x, w): one K step's activation and packed-weight tiles, zeros past K."""
+    if EVEN_K:
+        x = tl.load(x_ptrs)
+        w = tl.load(w_ptrs)
+    else:
+        x = tl.load(x_ptrs, mask=offs_k[None, :] < left, other=0.0)
+        w = tl.load(w_ptrs, mask=offs_kb[None, :] < left // 2, other=0)
+    return x, w
+
+
+def bind(module_globals: dict[str, Any]) -> None:
+    """Bind the jitted helpers as ``_band_tile``, ``_operand_tiles`` and ``_step_tiles``
+    in a kernel module's globals, before its kernel's first launch (Triton resolves a
+    kernel's globals when it compiles)."""
     global _jitted
     if _jitted is None:
-        _jitted = lazy_jit.jit(_band_tile, globals())
-    return _jitted
+        _jitted = {name: lazy_jit.jit(fn, globals()) for name, fn in
+                   (("_band_tile", _band_tile), ("_operand_tiles", _operand_tiles),
+                    ("_step_tiles", _step_tiles))}
+    module_globals.update(_jitted)

@@ -234,7 +234,10 @@ mov.b32 $1, {o2, o3};
 _WIDEN_PTX: Any = None  # _WIDEN_PTX_TEXT as a tl.constexpr, bound by _kernel()
 tl: Any = None  # triton.language, bound by _kernel() at the first launch
 _jitted: Any = None
-_band_tile: Any = None  # gemm_tiles.band_tile(), bound by _kernel()
+#: gemm_tiles' helpers, bound by _kernel() (gemm_tiles.bind)
+_band_tile: Any = None
+_operand_tiles: Any = None
+_step_tiles: Any = None
 
 
 def _mxfp4_fp8_gemm_kernel(
@@ -264,12 +267,9 @@ def _mxfp4_fp8_gemm_kernel(
 ):
     offs_m, offs_n, load_m, load_n = _band_tile(tl.program_id(0), rows, N, BLOCK_M, BLOCK_N,
                                                 GROUP_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_kg = tl.arange(0, BLOCK_K // 32)
-    x_ptrs = x_ptr + load_m[:, None] * x_row_stride + offs_k[None, :]
-    w_ptrs = w_ptr + load_n[:, None] * w_row_stride + offs_kb[None, :]
-    ws_ptrs = ws_ptr + load_n[:, None] * ws_row_stride + offs_kg[None, :]
+    offs_k, offs_kb, offs_kg, x_ptrs, w_ptrs, ws_ptrs = _operand_tiles(
+        x_ptr, w_ptr, ws_ptr, load_m, load_n, x_row_stride, w_row_stride, ws_row_stride,
+        BLOCK_K)
     top = tl.load(top_ptr + load_n)
     if W_LHS:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -282,13 +282,7 @@ def _mxfp4_fp8_gemm_kernel(
         ws = ws_next
         ws_ptrs += BLOCK_K // 32
         ws_next = tl.load(ws_ptrs, mask=offs_kg[None, :] < (K - k0 - BLOCK_K) // 32, other=0)
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            left = K - k0
-            x = tl.load(x_ptrs, mask=offs_k[None, :] < left, other=0.0)
-            w = tl.load(w_ptrs, mask=offs_kb[None, :] < left // 2, other=0)
+        x, w = _step_tiles(x_ptrs, w_ptrs, offs_k, offs_kb, K - k0, EVEN_K)
         # E - 6 = ws - top, clamped to [E_MIN - E_MAX, 0] = [-14, 0]; the factor
         # 2^(E + 6) has the fp16 exponent field E + 6 + 15 = (E - 6) + 27 in [13, 27].
         e = tl.minimum(tl.maximum(ws.to(tl.int32) - top[:, None], -14), 0)
@@ -335,9 +329,9 @@ def _mxfp4_fp8_gemm_kernel(
 
 def _kernel() -> Any:
     """The jitted kernel, Triton imported here; ``rows`` is not specialized on."""
-    global _jitted, _WIDEN_PTX, _band_tile
+    global _jitted, _WIDEN_PTX
     if _jitted is None:
-        _band_tile = gemm_tiles.band_tile()
+        gemm_tiles.bind(globals())
         _jitted = lazy_jit.jit(_mxfp4_fp8_gemm_kernel, globals(), do_not_specialize=["rows"])
         _WIDEN_PTX = tl.constexpr(_WIDEN_PTX_TEXT)  # Triton reads only constexpr globals
     return _jitted

@@ -130,7 +130,10 @@ def launch_config(device: torch.device, rows: int) -> LaunchConfig:
 
 tl: Any = None  # triton.language, bound by _kernel() at the first launch
 _jitted: Any = None
-_band_tile: Any = None  # gemm_tiles.band_tile(), bound by _kernel()
+#: gemm_tiles' helpers, bound by _kernel() (gemm_tiles.bind)
+_band_tile: Any = None
+_operand_tiles: Any = None
+_step_tiles: Any = None
 
 
 def _mxfp4_w4a8_kernel(
@@ -158,12 +161,9 @@ def _mxfp4_w4a8_kernel(
 ):
     offs_m, offs_n, load_m, load_n = _band_tile(tl.program_id(0), rows, N, BLOCK_M, BLOCK_N,
                                                 GROUP_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_kg = tl.arange(0, BLOCK_K // 32)
-    x_ptrs = x_ptr + load_m[:, None] * x_row_stride + offs_k[None, :]
-    w_ptrs = w_ptr + load_n[:, None] * w_row_stride + offs_kb[None, :]
-    ws_ptrs = ws_ptr + load_n[:, None] * ws_row_stride + offs_kg[None, :]
+    offs_k, offs_kb, offs_kg, x_ptrs, w_ptrs, ws_ptrs = _operand_tiles(
+        x_ptr, w_ptr, ws_ptr, load_m, load_n, x_row_stride, w_row_stride, ws_row_stride,
+        BLOCK_K)
     if W_LHS:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -175,13 +175,7 @@ def _mxfp4_w4a8_kernel(
         ws = ws_next
         ws_ptrs += BLOCK_K // 32
         ws_next = tl.load(ws_ptrs, mask=offs_kg[None, :] < (K - k0 - BLOCK_K) // 32, other=127)
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            left = K - k0
-            x = tl.load(x_ptrs, mask=offs_k[None, :] < left, other=0.0)
-            w = tl.load(w_ptrs, mask=offs_kb[None, :] < left // 2, other=0)
+        x, w = _step_tiles(x_ptrs, w_ptrs, offs_k, offs_kb, K - k0, EVEN_K)
         if DEQUANT:
             # Exact widening (module doc); code 1 lands on the fp16 subnormal 2^-15.
             lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
@@ -230,9 +224,9 @@ def _mxfp4_w4a8_kernel(
 def _kernel() -> Any:
     """The jitted kernel, Triton imported here. ``rows`` is not specialized on, so the
     slices of one call (and calls of other M) share one compiled variant."""
-    global _jitted, _band_tile
+    global _jitted
     if _jitted is None:
-        _band_tile = gemm_tiles.band_tile()
+        gemm_tiles.bind(globals())
         _jitted = lazy_jit.jit(_mxfp4_w4a8_kernel, globals(), do_not_specialize=["rows"])
     return _jitted
 
