@@ -41,12 +41,13 @@ from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as kernel
 from radiance_ar.overlap.kernels import mxfp4_widen_fp8 as widen_fp8
 from radiance_ar.overlap.kernels.mxfp4_fp8_gemm import ColumnPlan
-# quantize_activation: the activation half of this producer's definition (mx.quantize_activation)
-from radiance_ar.overlap.fp8_activation import quantize_activation, quantize_tokens  # noqa: F401
+from radiance_ar.overlap import fp8_activation
 from radiance_ar.overlap.producers import FP8, Prepared
 from radiance_ar.overlap.scratch import ScratchPool
 
 NAME = "mxfp4_w4a8"
+#: the activation half of this producer's definition (module doc): per-token fp8
+quantize_activation = fp8_activation.quantize_activation
 MX_GROUP = kernel.MX_GROUP
 E2M1_MAX = 6.0
 E2M1_EMAX = 2  # exponent of the largest e2m1 value, 6 = 1.5 * 2^2
@@ -163,7 +164,8 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | 
     side-stream read before it returns)."""
     check(x, weight, weight_scale)
     assert weight_scale is not None  # check() refused None
-    xq, x_scale = quantize_tokens(x, scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device))
+    xq, x_scale = fp8_activation.quantize_tokens(
+        x, scratch.get("mxfp4_xq", tuple(x.shape), FP8, x.device))
     if fp8_kernel.has_fp8_mma(x.device) or envs.triton_interpreter():
         plan = routes.cached_plan(weight, weight_scale)
         if plan.fits and not routes.cublas_refusal(x.device, x.dtype, x.shape[0],
