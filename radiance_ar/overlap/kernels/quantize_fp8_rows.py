@@ -13,8 +13,8 @@ and overflow to NaN (torch) never differ; a row holding a NaN gets a NaN scale a
 codes as in torch.
 
 How, with few instructions a value (on the H200 the earlier form, an IEEE division a
-value and a second reduction for NaN, ran at 0.43-0.54 of copy bandwidth; this one at
-0.78-0.81):
+value and a second reduction for NaN, ran at 0.43-0.53 of copy bandwidth at 8192 x 4352
+in two runs; this one at 0.78-0.81):
 
 - amax and NaN in one integer max: the bits of |x| (sign cleared) order as the values
   do, and every NaN's bits lie above infinity's, so ``max(bits & ~sign)`` is |x|'s max,
@@ -33,8 +33,9 @@ value and a second reduction for NaN, ran at 0.43-0.54 of copy bandwidth; this o
 
 Memory: a row is read once (held in registers, as two power-of-two tiles so that little
 work is masked) and written once as fp8, plus 4 bytes of scale: 3 bytes a bf16 element,
-107 MB at 8192 x 4352. On the H200 that takes 0.048 ms, 0.74 of a device copy of the
-same bytes (``tools/results/2026-12-04-h200-quantize-fp8-rows/``). Rows longer than
+107 MB at 8192 x 4352. On the H200 that takes 0.034-0.036 ms of device time (launches
+replayed from a graph), 0.78-0.81 of a device copy of the same bytes
+(``tools/results/2026-12-04-h200-quantize-fp8-rows/``). Rows longer than
 :data:`ONE_PASS_MAX_K` are read twice (amax, then cast), the second read mostly from L2.
 
 Triton is imported at the first launch (``TRITON_INTERPRET=1`` set before that runs the
@@ -205,7 +206,7 @@ def quantize_fp8_rows(x: torch.Tensor, out: torch.Tensor | None = None,
     else:
         block_k, tail_k = LOOP_BLOCK_K, 0
     # 32 values a thread, 2 to 8 warps: the fastest of 2-16 warps at K = 3584, 4352, 7168
-    # and 8192 on the H200, or within 2% (tools/results/2026-12-04-h200-quantize-fp8-rows/)
+    # and 8192 on the H200, or within 3% (tools/results/2026-12-04-h200-quantize-fp8-rows/)
     num_warps = min(8, max(2, (block_k + tail_k) // 1024))
     kernel = _kernel()
     wide = x.element_size() == 4
