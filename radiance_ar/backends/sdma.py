@@ -192,9 +192,8 @@ class SdmaBackend(TransportBackend):
         bounds = shard_bounds(out.numel(), self.world.size, e)
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
-        for p in tr.peers:
-            tr.pull(p, "ready", t, tr.recv_address(p, off), off + lo * e, (hi - lo) * e, stream,
-                    what)
+        tr.pull_from("ready", t, [(p, tr.recv_address(p, off), off + lo * e, (hi - lo) * e)
+                                  for p in tr.peers], stream, what)
         out_addr = out.data_ptr()
         operands = [local + lo * e if q == r else tr.recv_address(q, off)
                     for q in range(self.world.size)]
@@ -207,9 +206,9 @@ class SdmaBackend(TransportBackend):
             self._reduce(operands, out_addr + lo * e, hi - lo, out.dtype, stream)
             # host copy / D2H publish into host memory (peers' shards land in out, disjoint)
             tr.publish(t, "reduced", off + lo * e, out_addr + lo * e, (hi - lo) * e, stream)
-        for p in tr.peers:
-            a, b = bounds[p], bounds[p + 1]
-            tr.pull(p, "reduced", t, out_addr + a * e, off + a * e, (b - a) * e, stream, what)
+        tr.pull_from("reduced", t, [(p, out_addr + bounds[p] * e, off + bounds[p] * e,
+                                     (bounds[p + 1] - bounds[p]) * e) for p in tr.peers],
+                     stream, what)
         tr.post_done(t, stream)
 
     def _reduce(self, operands: list[int], out: int, n: int, dtype: torch.dtype, stream: int,

@@ -239,10 +239,9 @@ class SdmaWht6Backend(TransportBackend):
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
         # Compressed reduce-scatter: shard r of every payload, summed in rank order.
-        got = {}
-        for p in tr.peers:
-            got[p] = tr.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb)
-            tr.pull(p, "ready", t, got[p].data_ptr(), lo * rb, (hi - lo) * rb, stream, what)
+        got = {p: tr.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb) for p in tr.peers}
+        tr.pull_from("ready", t, [(p, got[p].data_ptr(), lo * rb, (hi - lo) * rb)
+                                  for p in tr.peers], stream, what)
         if hi > lo:
             shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
             with traced(tr.trace, stream, "decode_accumulate"):
@@ -256,10 +255,10 @@ class SdmaWht6Backend(TransportBackend):
         tr.publish(t, "reduced", lo * rb if tr.staged else None,
                    gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.
-        gathered_addr = gathered.data_ptr()
-        for p in tr.peers:
-            a, b = bounds[p], bounds[p + 1]
-            tr.pull(p, "reduced", t, gathered_addr + a * rb, a * rb, (b - a) * rb, stream, what)
+        at = gathered.data_ptr()
+        tr.pull_from("reduced", t, [(p, at + bounds[p] * rb, bounds[p] * rb,
+                                     (bounds[p + 1] - bounds[p]) * rb) for p in tr.peers],
+                     stream, what)
         tr.post_done(t, stream)
         with traced(tr.trace, stream, "decode reduced"):
             wht6.decode_accumulate([gathered], (rows, cols), out.dtype, out=out)

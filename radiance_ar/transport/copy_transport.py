@@ -298,34 +298,40 @@ class CopyTransport:
                 copy_bytes(base + dst_off, src_addr, nbytes, on, how)
             self.signals.post(slot, t, on)
 
-    def pull(self, peer: int, slot: str, t: int, dst_addr: int, src_off: int, nbytes: int,
-             stream: int, what: str) -> None:
-        """Wait for ``peer``'s ``slot`` flag of call ``t``, then copy bytes [src_off,
-        src_off + nbytes) of its buffer (``pub`` for ``ready``, ``red`` for ``reduced``)
-        to ``dst_addr`` (this rank's memory: a receive slot, ``out``, a stage): one step
-        of every pull phase. ``what`` names the call in errors."""
-        assert 0 <= src_off and src_off + nbytes <= self.capacity, (src_off, nbytes)
-        base, how = self._pull_from["red" if slot == "reduced" else "pub", peer]
-        with traced(self.trace, stream, "wait", slot, peer):
-            self.signals.wait(peer, slot, t, stream, what)
-        with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
-            if nbytes:
-                copy_bytes(dst_addr, base + src_off, nbytes, stream, how)
-        rnd = getattr(self.signals, "round", None)
-        if rnd is None:
-            self.pulled_bytes += nbytes
-        else:  # a capture: counted per replay (after_replay)
-            rnd.pulled_bytes += nbytes
+    def pull_from(self, slot: str, t: int, pulls: list[tuple[int, int, int, int]], stream: int,
+                  what: str) -> None:
+        """One pull phase: wait for ``slot`` of call ``t`` of every peer in ``pulls``, then
+        for each ``(peer, dst_addr, src_off, nbytes)`` copy bytes [src_off, src_off +
+        nbytes) of that peer's buffer (``pub`` for ``ready``, ``red`` for ``reduced``) to
+        ``dst_addr`` (this rank's memory: a receive slot, ``out``, a stage). ``what`` names
+        the call in errors. Every wait comes before the first copy: in a captured op call
+        the W - 1 waits are then ONE batched stream memory operation, and each such
+        operation is a graph node that costs the host about 1.9 us at every replay (H200,
+        tools/results/2026-12-04-h200-replay-node-costs/), W - 1 of them per phase otherwise."""
+        peers = [p for p, _, _, _ in pulls]
+        with traced(self.trace, stream, "wait", slot, *peers):
+            self.signals.wait_all(peers, slot, t, stream, what)
+        buffer = "red" if slot == "reduced" else "pub"
+        for peer, dst_addr, src_off, nbytes in pulls:
+            assert 0 <= src_off and src_off + nbytes <= self.capacity, (src_off, nbytes)
+            base, how = self._pull_from[buffer, peer]
+            with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
+                if nbytes:
+                    copy_bytes(dst_addr, base + src_off, nbytes, stream, how)
+            rnd = getattr(self.signals, "round", None)
+            if rnd is None:
+                self.pulled_bytes += nbytes
+            else:  # a capture: counted per replay (after_replay)
+                rnd.pulled_bytes += nbytes
 
     def pull_all(self, t: int, off: int, nbytes: int, stream: int,
                  what: str) -> dict[int, torch.Tensor]:
         """Pull bytes [off, off + nbytes) of every peer's ``pub`` into the same bytes of its
         receive slot (after its ``ready`` of call ``t``), then post ``done``; returns
         peer -> those received bytes."""
-        got = {}
-        for p in self.peers:
-            got[p] = self.recv_slot(p, nbytes, off)
-            self.pull(p, "ready", t, got[p].data_ptr(), off, nbytes, stream, what)
+        got = {p: self.recv_slot(p, nbytes, off) for p in self.peers}
+        self.pull_from("ready", t, [(p, got[p].data_ptr(), off, nbytes) for p in self.peers],
+                       stream, what)
         self.post_done(t, stream)
         return got
 

@@ -134,8 +134,7 @@ class GpuSignals(Signals):
 
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str = "a call") -> None:
         if self.round is not None:
-            assert slot != "done", "token-mode fences consume done tokens (CopyTransport.fence)"
-            self.wait_tokens([peer], slot, self.round.k, self.round.sig, stream)
+            self.wait_all([peer], slot, epoch, stream, what)
             return
         if peer in self._passive or slot == "done":
             value = epoch
@@ -147,6 +146,14 @@ class GpuSignals(Signals):
             self.engine.wait_value_eq(stream, self._addr[peer] + _word(slot, epoch) * SLOT_BYTES,
                                       value)
         self._awaited.append((peer, slot, epoch, value, what))
+
+    def wait_all(self, peers: list[int], slot: str, epoch: int, stream: int,
+                 what: str = "a call") -> None:
+        if self.round is None:
+            super().wait_all(peers, slot, epoch, stream, what)
+            return
+        assert slot != "done", "token-mode fences consume done tokens (CopyTransport.fence)"
+        self.wait_tokens(peers, slot, self.round.k, self.round.sig, stream)
 
     def _read(self, peer: int, word: int) -> int:
         # Flag words hold values < 2**31 in their low half (32-bit writes on NVIDIA).

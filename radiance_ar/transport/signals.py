@@ -212,6 +212,11 @@ class Signals(abc.ABC):
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str) -> None:
         """Later work (of ``stream``) waits until ``peer`` posted ``slot`` of call ``epoch``."""
 
+    def wait_all(self, peers: list[int], slot: str, epoch: int, stream: int, what: str) -> None:
+        """:meth:`wait` for each of ``peers`` (GPU signals batch the waits of a graph)."""
+        for peer in peers:
+            self.wait(peer, slot, epoch, stream, what)
+
     # ------------------------------------------------------------------ state
 
     def _read(self, peer: int, word: int) -> int:
