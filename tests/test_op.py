@@ -213,3 +213,27 @@ def test_reduce_slices_calls_each_slice_in_one_overlapped_block_between_its_hook
                    ("b", 1), ("ar", y.data_ptr() + row, 2), ("a", 1),
                    ("b", 2), ("ar", y.data_ptr() + 3 * row, 2), ("a", 2), "exit"]
     assert torch.equal(out, y * 2)
+
+
+def test_a_sliced_call_is_planned_once_and_a_new_layer_replans_it():
+    rt = overlap.build(single_world("cpu"), OverlapSettings(True, "sdma", 8, 4))
+    keys = []
+    set_call_key = rt.backend.set_call_key
+    rt.backend.set_call_key = lambda *key: (keys.append(key), set_call_key(*key))[1]
+    x, w = make(16)
+    want = torch.mm(x.double(), w.double().t())
+    for _ in range(3):
+        assert torch.allclose(forward(rt, x, w, None, "bf16").double(), want, rtol=1e-2, atol=1e-2)
+    (known,) = rt.sliced_calls.values()
+    assert known.plan.bounds == (0, 4, 8, 12, 16) and known.sig.layer == 0
+    # every call tells the backend its key (the body sets it before running the slices)
+    assert keys and set(keys) == {(16, 32, 0)}
+    x8 = x[:8].contiguous()  # other operands: planned apart
+    forward(rt, x8, w, None, "bf16")
+    assert len(rt.sliced_calls) == 2
+    assert rt.register_layer(w) == 1 and not rt.sliced_calls  # the memo carried layer 0
+    forward(rt, x, w, None, "bf16")
+    (known,) = rt.sliced_calls.values()
+    assert known.sig.layer == 1 and known.plan.layer == 1 and keys[-1] == (16, 32, 1)
+    assert rt.register_layer(w) == 1 and len(rt.sliced_calls) == 1  # known: kept
+    rt.close()

@@ -10,6 +10,9 @@ from radiance_ar import overlap
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport import tokens
+from radiance_ar.transport.gpu_signals import GpuSignals
+from radiance_ar.transport.peer_memory import PeerBuffer
+from radiance_ar.transport.signals import FLAG_BYTES
 from radiance_ar.transport.world import single_world
 
 
@@ -53,3 +56,46 @@ def test_cpu_worlds_enqueue_each_call_and_say_why():
     assert (rt.register_layer(w), rt.register_layer(v), rt.register_layer(w)) == (1, 2, 1)
     assert (rt.layer_number(w), rt.layer_number(v), rt.layer_number(other)) == (1, 2, 0)
     rt.close()
+
+
+class _RecordedOps:
+    """The stream-operation side of a copy engine, recorded: what a capture enqueues."""
+
+    def __init__(self):
+        self.batches = []
+
+    def device_address(self, t: torch.Tensor) -> int:
+        return t.data_ptr()
+
+    def batch(self, stream: int, ops: list) -> None:
+        self.batches.append((stream, list(ops)))
+
+
+def _buffer(name: str, nbytes: int, rank: int, size: int) -> PeerBuffer:
+    return PeerBuffer(name, nbytes, rank, [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(size)])
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_a_captured_pull_phase_waits_for_every_peer_in_one_batch(size):
+    # One batched stream memory operation is one graph node, and each such node costs the
+    # host about 2 us per replay: the W - 1 waits of a phase must not be W - 1 nodes.
+    rank = 1
+    engine = _RecordedOps()
+    signals = GpuSignals(_buffer("flags", FLAG_BYTES, rank, size), rank, size, 1000.0, engine,
+                         "test", lambda: [])
+    inbox = _buffer("inbox", tokens.inbox_bytes(size), rank, size)
+    signals.attach_inbox(inbox)
+    sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 3)
+    peers = [p for p in range(size) if p != rank]
+    with signals.capture_round() as rnd, signals.call(sig):
+        signals.wait_all(peers, "ready", signals.epoch, 7, "a test call")
+    (stream, ops), = engine.batches
+    value = tokens.token_value("ready", 0, sig)
+    base = inbox.peer(rank).data_ptr()
+    expected = []
+    for p in peers:
+        addr = base + tokens.word("ready", p, 0, size) * tokens.WORD_BYTES
+        expected += [("wait_eq", addr, value), ("write", addr, 0)]
+    assert stream == 7 and ops == expected
+    assert [(a.peer, a.kind, a.k, a.value) for a in rnd.awaited] == [
+        (p, "ready", 0, value) for p in peers]

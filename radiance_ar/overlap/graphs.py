@@ -26,6 +26,15 @@ What a replay must keep, and how:
   ``RADIANCE_AR_OP_GRAPHS_MAX`` graphs (least recently used goes first); :meth:`memory`
   reports what it holds.
 
+What a replay costs the host (H200 host, CUDA 13.0, graphs of 8 and 128 nodes of one
+kind; tools/results/2026-12-04-h200-replay-node-costs/): ``graph.replay()`` takes about
+5 us, plus per node about nothing for kernels and device-to-device copies, 2.1 us for a
+copy to or from pinned host memory and 1.6-1.9 us for a batched stream memory operation
+(to device or host memory alike). Hence a pull phase's W - 1 waits are one batch
+(:meth:`CopyTransport.pull_from <radiance_ar.transport.copy_transport.CopyTransport.pull_from>`),
+and in the emulated world, whose cross-rank bytes all pass through host memory, a replay's
+host time still grows with S (W = 4 two-shot: 8 host copies and 3 batches a slice).
+
 No capture synchronizes the device (``torch.cuda.graph`` would): in a world of emulated
 ranks a peer's stream may be parked on this rank's next call, and a device-wide
 synchronize would wait for it forever.
@@ -118,9 +127,9 @@ class GraphCache:
         with backend.replay_call(sig, entry.round, stream):
             entry.graph.replay()
         self.replays += 1
-        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-        out.copy_(entry.out)
-        return out
+        # one call: torch.empty and copy_ took the host 6.6 + 10.1 us, clone 8 (H200 host,
+        # tools/results/2026-12-04-h200-replay-node-costs/host_pieces.json, host_ab_after.json)
+        return entry.out.clone()
 
     def clear(self) -> None:
         """Drop every graph (their buffers moved, or the runtime closes)."""

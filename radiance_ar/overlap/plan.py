@@ -60,6 +60,19 @@ def input_view(backend: Backend, rows: int, cols: int, dtype: torch.dtype,
     return otherwise()
 
 
+def refuse_sliced_in_capture(rt: Any, x: torch.Tensor) -> None:
+    """Raise if ``x``'s stream is capturing a CUDA graph and the runtime's backend is not
+    ``capture_safe``: its sliced path cannot run inside the caller's capture."""
+    backend = rt.backend
+    if x.is_cuda and not backend.capture_safe and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (its call "
+            f"numbers are host integers a graph replay would repeat), so its sliced path "
+            f"(M = {x.shape[0]} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
+            "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
+            "choose a capture-safe backend")
+
+
 @dataclass(frozen=True)
 class CallPlan:
     """One op call's decisions (see the module doc); build with :meth:`for_call`."""
@@ -92,17 +105,16 @@ class CallPlan:
         sliced = rows >= rt.settings.min_m and backend.pipelined
         if not sliced:
             return cls(rows, cols, k, 0, (0, rows), False)
-        if x.is_cuda and torch.cuda.is_current_stream_capturing() and not backend.capture_safe:
-            raise RuntimeError(
-                f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (its call "
-                f"numbers are host integers a graph replay would repeat), so its sliced path "
-                f"(M = {rows} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
-                "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
-                "choose a capture-safe backend")
+        refuse_sliced_in_capture(rt, x)
         layer = rt.layer_number(weight)
-        backend.set_call_key(rows, k, layer)
-        bounds = op_bounds(rt.settings, backend, rows, prod.slice_row_align)
-        return cls(rows, cols, k, layer, tuple(bounds), True)
+        plan = cls(rows, cols, k, layer,
+                   tuple(op_bounds(rt.settings, backend, rows, prod.slice_row_align)), True)
+        plan.set_call_key(backend)
+        return plan
+
+    def set_call_key(self, backend: Backend) -> None:
+        """Tell ``backend`` the call its slices belong to (M, K, the layer)."""
+        backend.set_call_key(self.rows, self.k, self.layer)
 
     def input_view(self, rt: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The sliced call's GEMM output, the backend grown to M x N first: its

@@ -26,6 +26,11 @@ from radiance_ar.overlap.lanes import Lanes
 from radiance_ar.overlap.scratch import ScratchPool
 
 
+#: sliced calls the op remembers per runtime (:meth:`OverlapRuntime.remember_sliced_call`):
+#: one per layer and M, like the captured graphs (RADIANCE_AR_OP_GRAPHS_MAX's bound)
+SLICED_CALLS_MAX = 4096
+
+
 @dataclass
 class OverlapRuntime:
     world: World
@@ -39,6 +44,9 @@ class OverlapRuntime:
     _graphs: GraphCache | None = None
     #: weight address -> the layer's number (:meth:`register_layer`)
     _layers: dict[int, int] = field(default_factory=dict)
+    #: a sliced call's plan, graph key and signature by its operands (the op's memo:
+    #: :meth:`remember_sliced_call`); forgotten when a layer is registered
+    sliced_calls: dict[tuple, Any] = field(default_factory=dict)
     #: RADIANCE_AR_BACKEND=auto: the table and the chosen configurations' runtimes
     #: (radiance_ar/overlap/auto.py); None: every call runs ``backend``
     auto: Any = None
@@ -53,7 +61,19 @@ class OverlapRuntime:
         the order of registration, which every rank must share (the vLLM installer
         registers layers in model order). Its calls' signatures carry the number, so a
         rank that skipped a replayed op call meets a mismatch at the next layer."""
-        return self._layers.setdefault(weight.data_ptr(), len(self._layers) + 1)
+        address = weight.data_ptr()
+        if address not in self._layers:
+            self._layers[address] = len(self._layers) + 1
+            self.sliced_calls.clear()  # a call remembered before carries layer 0
+        return self._layers[address]
+
+    def remember_sliced_call(self, operands: tuple, call: Any) -> Any:
+        """Keep ``call`` (the op's plan, graph key and signature of a sliced call) for
+        ``operands``; the memo starts over past :data:`SLICED_CALLS_MAX` entries."""
+        if len(self.sliced_calls) >= SLICED_CALLS_MAX:
+            self.sliced_calls.clear()
+        self.sliced_calls[operands] = call
+        return call
 
     def layer_number(self, weight: torch.Tensor) -> int:
         """The number :meth:`register_layer` gave ``weight``'s layer (0: not registered)."""
