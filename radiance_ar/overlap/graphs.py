@@ -128,7 +128,7 @@ class GraphCache:
             entry.graph.replay()
         self.replays += 1
         # one call: torch.empty and copy_ took the host 6.6 + 10.1 us, clone 8 (H200 host,
-        # tools/results/2026-12-04-h200-replay-node-costs/host_pieces.json, host_ab_after.json)
+        # tools/results/2026-12-04-h200-replay-node-costs/host_pieces.json, host_ab.json)
         return entry.out.clone()
 
     def clear(self) -> None:
