@@ -84,13 +84,65 @@ def _step_tiles(
     return x, w
 
 
+def _zero_acc(
+    W_LHS: tl.constexpr,  # weight as the left operand: the tile is accumulated as out.T
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_N: tl.constexpr,  # columns per tile
+):
+    """The fp32 accumulator of one output tile, zeros: [BLOCK_N, BLOCK_M] where the
+    weight is the left operand, else [BLOCK_M, BLOCK_N]."""
+    if W_LHS:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
+
+
+def _scale_tile(
+    ws_ptrs,  # a step's scale tile (_operand_tiles, advanced BLOCK_K / 32 a step)
+    offs_kg,  # the step's K offsets in scale groups
+    left,  # K values from that step on
+    OTHER: tl.constexpr,  # the byte read past K
+):
+    """One step's e8m0 scales, ``OTHER`` past K. The tile (BLOCK_K / 32 bytes a row) is
+    too narrow for the asynchronous copies that pipeline the other loads, so the kernels
+    fetch it one step ahead by hand."""
+    return tl.load(ws_ptrs, mask=offs_kg[None, :] < left // 32, other=OTHER)
+
+
+def _e2m1_halves(
+    w,  # uint8 tile: two e2m1 codes a byte, the low nibble first in K
+):
+    """(lo, hi): the low and the high nibble's code as fp16 bits, sign to bit 15 and the
+    3 magnitude bits to bits 9-11, so that code c reads as e2m1(c) * 2^-14 (code 1 is
+    the fp16 subnormal 2^-15)."""
+    lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
+    hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
+    return lo, hi
+
+
+def _store_tile(
+    out_ptr,  # the output rows, unit column stride
+    y,  # [BLOCK_M, BLOCK_N] tile in fp32
+    offs_m, offs_n,  # the tile's row and column indices (_band_tile)
+    rows, N,  # the output's rows and columns
+    out_row_stride,  # elements between consecutive rows of out
+):
+    """Store the in-range part of tile ``y`` in the output's dtype."""
+    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * out_row_stride + offs_n[None, :]
+    mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+#: what :func:`bind` gives a kernel module
+HELPERS = (_band_tile, _operand_tiles, _step_tiles, _zero_acc, _scale_tile, _e2m1_halves,
+           _store_tile)
+
+
 def bind(module_globals: dict[str, Any]) -> None:
-    """Bind the jitted helpers as ``_band_tile``, ``_operand_tiles`` and ``_step_tiles``
-    in a kernel module's globals, before its kernel's first launch (Triton resolves a
-    kernel's globals when it compiles)."""
+    """Bind the jitted :data:`HELPERS` under their names in a kernel module's globals,
+    before its kernel's first launch (Triton resolves a kernel's globals when it compiles)."""
     global _jitted
     if _jitted is None:
-        _jitted = {name: lazy_jit.jit(fn, globals()) for name, fn in
-                   (("_band_tile", _band_tile), ("_operand_tiles", _operand_tiles),
-                    ("_step_tiles", _step_tiles))}
+        _jitted = {fn.__name__: lazy_jit.jit(fn, globals()) for fn in HELPERS}
     module_globals.update(_jitted)

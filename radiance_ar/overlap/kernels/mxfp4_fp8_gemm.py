@@ -234,10 +234,9 @@ mov.b32 $1, {o2, o3};
 _WIDEN_PTX: Any = None  # _WIDEN_PTX_TEXT as a tl.constexpr, bound by _kernel()
 tl: Any = None  # triton.language, bound by _kernel() at the first launch
 _jitted: Any = None
-#: gemm_tiles' helpers, bound by _kernel() (gemm_tiles.bind)
-_band_tile: Any = None
-_operand_tiles: Any = None
-_step_tiles: Any = None
+#: gemm_tiles' helpers (gemm_tiles.HELPERS), bound by _kernel() (gemm_tiles.bind)
+_band_tile = _operand_tiles = _step_tiles = _zero_acc = _scale_tile = None
+_e2m1_halves = _store_tile = None
 
 
 def _mxfp4_fp8_gemm_kernel(
@@ -271,17 +270,12 @@ def _mxfp4_fp8_gemm_kernel(
         x_ptr, w_ptr, ws_ptr, load_m, load_n, x_row_stride, w_row_stride, ws_row_stride,
         BLOCK_K)
     top = tl.load(top_ptr + load_n)
-    if W_LHS:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # The scale tile (BLOCK_K / 32 bytes a row) is too narrow for the asynchronous copies
-    # that pipeline the other loads, so it is fetched one step ahead by hand.
-    ws_next = tl.load(ws_ptrs, mask=offs_kg[None, :] < K // 32, other=0)
+    acc = _zero_acc(W_LHS, BLOCK_M, BLOCK_N)
+    ws_next = _scale_tile(ws_ptrs, offs_kg, K, 0)  # one step ahead (_scale_tile)
     for k0 in range(0, K, BLOCK_K):
         ws = ws_next
         ws_ptrs += BLOCK_K // 32
-        ws_next = tl.load(ws_ptrs, mask=offs_kg[None, :] < (K - k0 - BLOCK_K) // 32, other=0)
+        ws_next = _scale_tile(ws_ptrs, offs_kg, K - k0 - BLOCK_K, 0)
         x, w = _step_tiles(x_ptrs, w_ptrs, offs_k, offs_kb, K - k0, EVEN_K)
         # E - 6 = ws - top, clamped to [E_MIN - E_MAX, 0] = [-14, 0]; the factor
         # 2^(E + 6) has the fp16 exponent field E + 6 + 15 = (E - 6) + 27 in [13, 27].
@@ -294,9 +288,7 @@ def _mxfp4_fp8_gemm_kernel(
                 dtype=(tl.float8e4nv, tl.float8e4nv), is_pure=True, pack=4)
             w8 = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
         else:
-            # e2m1(c) * 2^-14 as fp16 bits (module doc); code 1 is the fp16 subnormal 2^-15
-            lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
-            hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
+            lo, hi = _e2m1_halves(w)  # e2m1(c) * 2^-14 as fp16 bits (module doc)
             small = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K).to(tl.float16, bitcast=True)
             v = small.reshape(BLOCK_N, BLOCK_K // 32, 32) * factor[:, :, None]
             v = v.reshape(BLOCK_N, BLOCK_K) * tl.full((), 256.0, tl.float16)
@@ -322,9 +314,7 @@ def _mxfp4_fp8_gemm_kernel(
         y = tl.trans(acc * xs[None, :] * cs[:, None])
     else:
         y = acc * xs[:, None] * cs[None, :]
-    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * out_row_stride + offs_n[None, :]
-    mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_tile(out_ptr, y, offs_m, offs_n, rows, N, out_row_stride)
 
 
 def _kernel() -> Any:

@@ -130,10 +130,9 @@ def launch_config(device: torch.device, rows: int) -> LaunchConfig:
 
 tl: Any = None  # triton.language, bound by _kernel() at the first launch
 _jitted: Any = None
-#: gemm_tiles' helpers, bound by _kernel() (gemm_tiles.bind)
-_band_tile: Any = None
-_operand_tiles: Any = None
-_step_tiles: Any = None
+#: gemm_tiles' helpers (gemm_tiles.HELPERS), bound by _kernel() (gemm_tiles.bind)
+_band_tile = _operand_tiles = _step_tiles = _zero_acc = _scale_tile = None
+_e2m1_halves = _store_tile = None
 
 
 def _mxfp4_w4a8_kernel(
@@ -164,22 +163,15 @@ def _mxfp4_w4a8_kernel(
     offs_k, offs_kb, offs_kg, x_ptrs, w_ptrs, ws_ptrs = _operand_tiles(
         x_ptr, w_ptr, ws_ptr, load_m, load_n, x_row_stride, w_row_stride, ws_row_stride,
         BLOCK_K)
-    if W_LHS:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # The scale tile (BLOCK_K / 32 bytes a row) is too narrow for the asynchronous copies
-    # that pipeline the other loads, so it is fetched one step ahead by hand.
-    ws_next = tl.load(ws_ptrs, mask=offs_kg[None, :] < K // 32, other=127)
+    acc = _zero_acc(W_LHS, BLOCK_M, BLOCK_N)
+    ws_next = _scale_tile(ws_ptrs, offs_kg, K, 127)  # one step ahead (_scale_tile)
     for k0 in range(0, K, BLOCK_K):
         ws = ws_next
         ws_ptrs += BLOCK_K // 32
-        ws_next = tl.load(ws_ptrs, mask=offs_kg[None, :] < (K - k0 - BLOCK_K) // 32, other=127)
+        ws_next = _scale_tile(ws_ptrs, offs_kg, K - k0 - BLOCK_K, 127)
         x, w = _step_tiles(x_ptrs, w_ptrs, offs_k, offs_kb, K - k0, EVEN_K)
         if DEQUANT:
-            # Exact widening (module doc); code 1 lands on the fp16 subnormal 2^-15.
-            lo = ((w & 0x7).to(tl.uint16) << 9) | ((w & 0x8).to(tl.uint16) << 12)
-            hi = ((w & 0x70).to(tl.uint16) << 5) | ((w & 0x80).to(tl.uint16) << 8)
+            lo, hi = _e2m1_halves(w)  # exact widening (module doc)
             codes = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K)
             small = codes.to(tl.float16, bitcast=True).to(tl.float32)
             scale_bits = tl.minimum(ws.to(tl.uint32) + 14, 255) << 23
@@ -216,9 +208,7 @@ def _mxfp4_w4a8_kernel(
         y = tl.trans(acc * xs[None, :])
     else:
         y = acc * xs[:, None]
-    out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * out_row_stride + offs_n[None, :]
-    mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_tile(out_ptr, y, offs_m, offs_n, rows, N, out_row_stride)
 
 
 def _kernel() -> Any:
