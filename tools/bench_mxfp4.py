@@ -21,9 +21,9 @@ is how the offline table ``CONFIGS`` is tuned: put a measured winner there and c
 the run.
 
 Without a GPU, ``--compile-only --arch 90`` (or 100, or gfx950) compiles every
-candidate for that target with the installed Triton and prints what the code would do:
-shared memory, and for CUDA targets ptxas' registers, spills and whether it serialized
-the wgmma pipeline (warning C7515).
+candidate for that target with the installed Triton (on CUDA targets also the fp8
+kernel's table configs) and prints what the code would do: shared memory, and for CUDA
+targets ptxas' registers, spills and whether it serialized the wgmma pipeline (C7515).
 
     python tools/bench_mxfp4.py                                  # GPU
     python tools/bench_mxfp4.py --config 256,128,64,8,1,1,8,3,bf16 --json out.json
@@ -45,7 +45,7 @@ import torch
 
 import gpu_timing
 import metrics
-from radiance_ar.overlap import mxfp4_routes as routes
+import model_shapes
 from radiance_ar.overlap import producer_mxfp4 as mx
 from radiance_ar.overlap import producers
 from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
@@ -91,14 +91,6 @@ def label(cfg: kernel.LaunchConfig, x_dtype: torch.dtype) -> str:
             f"x:{'bf16' if x_dtype == BF16 else 'fp8'}")
 
 
-def tflops(m: int, n: int, k: int, ms: float) -> float:
-    return 2 * m * n * k / (ms * 1e-3) / 1e12
-
-
-def timed(fn, reps: int, warmup: int) -> float:
-    return metrics.median_and_spread(gpu_timing.event_times(fn, reps, warmup))[0]
-
-
 def bench(args: argparse.Namespace, candidates) -> list[dict]:
     m, n, k = args.m, args.n, args.k
     g = torch.Generator().manual_seed(0)
@@ -123,21 +115,21 @@ def bench(args: argparse.Namespace, candidates) -> list[dict]:
         err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
         row = {"kernel": name, "rel_rms_err": err}
         if err <= ERROR_BOUND:
-            ms = timed(lambda i: kernel.mxfp4_w4a8_gemm(xins[i % copies], xs, packed, scales,
+            ms = gpu_timing.median_ms(lambda i: kernel.mxfp4_w4a8_gemm(xins[i % copies], xs, packed, scales,
                                                         out=out, config=cfg),
                        args.reps, args.warmup)
-            row.update(ms=ms, tflops=tflops(m, n, k, ms))
+            row.update(ms=ms, tflops=metrics.tflops(m, n, k, ms))
         rows.append(row)
     x8s = [xq] + [xq.clone() for _ in range(copies - 1)]
     w8 = (w.float() / (w.float().abs().amax(1, keepdim=True) / 448)).to(FP8)
     w8_scale = (w.float().abs().amax(1) / 448).reshape(1, -1)
-    ms = timed(lambda i: torch._scaled_mm(x8s[i % copies], w8.t(), scale_a=xs[:, None],
+    ms = gpu_timing.median_ms(lambda i: torch._scaled_mm(x8s[i % copies], w8.t(), scale_a=xs[:, None],
                                           scale_b=w8_scale, out_dtype=BF16, out=out),
                args.reps, args.warmup)
-    rows.append({"kernel": "torch._scaled_mm fp8 rowwise", "ms": ms, "tflops": tflops(m, n, k, ms)})
+    rows.append({"kernel": "torch._scaled_mm fp8 rowwise", "ms": ms, "tflops": metrics.tflops(m, n, k, ms)})
     xbs = [x] + [x.clone() for _ in range(copies - 1)]
-    ms = timed(lambda i: torch.mm(xbs[i % copies], w.t(), out=out), args.reps, args.warmup)
-    rows.append({"kernel": "torch.mm bf16", "ms": ms, "tflops": tflops(m, n, k, ms)})
+    ms = gpu_timing.median_ms(lambda i: torch.mm(xbs[i % copies], w.t(), out=out), args.reps, args.warmup)
+    rows.append({"kernel": "torch.mm bf16", "ms": ms, "tflops": metrics.tflops(m, n, k, ms)})
     q8 = torch.empty_like(xq)
     qs = torch.empty_like(xs)
     quantize_fp8_rows(x, out=q8, scale_out=qs)
@@ -154,7 +146,8 @@ def bench(args: argparse.Namespace, candidates) -> list[dict]:
     srcs, dst = [src] + [src.clone() for _ in range(gpu_timing.copies_for(src) - 1)], src.clone()
     rows.append(short_kernel_row("device copy of the quantizer's bytes",
                                  lambda i: dst.copy_(srcs[i % len(srcs)]), x_bytes, args))
-    rows += route_rows(args, m, n, k, x, w, packed, scales, copies)
+    rows += route_rows(args, m, n, k, xq, xs, packed, scales,
+                       fp8_kernel.plan_columns(packed, scales), copies)
     prod, scratch = producers.get(mx.NAME), ScratchPool()
     rows.append(short_kernel_row("producer prepare (quantize x, widen w on the fp8 route)",
                                  lambda i: prod.prepare(xbs[i % copies], packed, scales, scratch),
@@ -167,7 +160,7 @@ def short_kernel_row(name: str, fn, nbytes: float | None, args: argparse.Namespa
     """A row for a step shorter than its launch: ``ms`` from a stream of eager calls
     (host-bound where the launch outlasts the kernel), ``graph_ms`` the device alone
     (launches replayed from a CUDA graph), ``gb_per_s`` from ``graph_ms``."""
-    ms = timed(fn, args.reps, args.warmup)
+    ms = gpu_timing.median_ms(fn, args.reps, args.warmup)
     graph_ms = metrics.median_and_spread(gpu_timing.replayed_times(fn, args.reps))[0]
     row = {"kernel": name, "ms": ms, "graph_ms": graph_ms, **extra}
     if nbytes is not None:
@@ -175,15 +168,13 @@ def short_kernel_row(name: str, fn, nbytes: float | None, args: argparse.Namespa
     return row
 
 
-def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
-    """The three routes of the producer (radiance_ar/overlap/mxfp4_routes.py) on already
-    quantized x, each checked on its first rows against float64, then timed: cublas_fp8
-    (widen + torch._scaled_mm rowwise, both timed), triton_fp8 and triton_bf16 (their
-    table configs)."""
-    plan = fp8_kernel.plan_columns(packed, scales)
+def route_rows(args, m, n, k, xq, xs, packed, scales, plan, copies) -> list[dict]:
+    """The three routes of the producer (radiance_ar/overlap/mxfp4_routes.py) on quantized
+    x (``xq``, ``xs``) and the weight's column ``plan``, each checked on its first rows
+    against float64, then timed: cublas_fp8 (widen + torch._scaled_mm rowwise, both timed),
+    triton_fp8 and triton_bf16 (their table configs)."""
     if not plan.fits:
         return [{"kernel": f"fp8 routes: {plan.reason}", "error": "does not fit"}]
-    xq, xs = quantize_fp8_rows(x)
     ref = mx.reference(xq[:CHECK_ROWS], xs[:CHECK_ROWS], packed, scales)
     xqs = [xq] + [xq.clone() for _ in range(copies - 1)]
     w8 = torch.empty(n, k, dtype=FP8, device="cuda")
@@ -212,8 +203,8 @@ def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
             rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:200]}"})
             continue
         err = float((out[:CHECK_ROWS].double() - ref).norm() / ref.norm())
-        ms = timed(fn, args.reps, args.warmup)
-        rows.append({"kernel": name, "ms": ms, "tflops": tflops(m, n, k, ms),
+        ms = gpu_timing.median_ms(fn, args.reps, args.warmup)
+        rows.append({"kernel": name, "ms": ms, "tflops": metrics.tflops(m, n, k, ms),
                      "rel_rms_err": err})
     rows.append(short_kernel_row("route cublas_fp8: widen w alone",
                                  lambda i: mxfp4_widen_fp8.widen(packed, scales, plan.top, out=w8),
@@ -221,24 +212,17 @@ def route_rows(args, m, n, k, x, w, packed, scales, copies) -> list[dict]:
     return rows
 
 
-#: (model, layer, N, K) of one rank: o_proj and down_proj of the prefill bench's models
-#: (tools/model_shapes.py) at their tensor-parallel degree
-SWEEP_SHAPES = [("llama-3.1-8b tp2", "o_proj", 4096, 2048),
-                ("llama-3.1-8b tp2", "down_proj", 4096, 7168),
-                ("llama-3.1-70b tp4", "o_proj", 8192, 2048),
-                ("llama-3.1-70b tp4", "down_proj", 8192, 7168),
-                ("qwen3-32b tp4", "o_proj", 5120, 2048),
-                ("qwen3-32b tp4", "down_proj", 5120, 6400)]
 SWEEP_ROWS = (256, 1024, 2048, 4096, 8192, 16384)
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
     """Both routes and torch's fp8 rowwise GEMM at every sweep shape and M."""
     rows = []
-    for model, layer, n, k in SWEEP_SHAPES:
+    for model, layer, n, k in model_shapes.row_parallel_shapes():
         g = torch.Generator().manual_seed(0)
         w = (torch.randn(n, k, generator=g) / k ** 0.5).to(BF16).cuda()
         packed, scales = mx.quantize_weight(w)
+        plan = fp8_kernel.plan_columns(packed, scales)
         w8 = (w.float() / (w.float().abs().amax(1, keepdim=True) / 448)).to(FP8)
         w8_scale = (w.float().abs().amax(1) / 448).reshape(1, -1)
         for m in args.sweep_rows:
@@ -247,54 +231,71 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             xq, xs = quantize_fp8_rows(x)
             x8s = [xq] + [xq.clone() for _ in range(copies - 1)]
             out = torch.empty(m, n, dtype=BF16, device="cuda")
-            ms = timed(lambda i: torch._scaled_mm(x8s[i % copies], w8.t(), scale_a=xs[:, None],
+            ms = gpu_timing.median_ms(lambda i: torch._scaled_mm(x8s[i % copies], w8.t(), scale_a=xs[:, None],
                                                   scale_b=w8_scale, out_dtype=BF16, out=out),
                        args.reps, args.warmup)
             base = {"model": model, "layer": layer, "m": m, "n": n, "k": k}
             rows.append(dict(base, kernel="torch._scaled_mm fp8 rowwise", ms=ms,
-                             tflops=tflops(m, n, k, ms)))
-            for r in route_rows(args, m, n, k, x, w, packed, scales, copies):
+                             tflops=metrics.tflops(m, n, k, ms)))
+            for r in route_rows(args, m, n, k, xq, xs, packed, scales, plan, copies):
                 rows.append(dict(base, **r))
             del x8s
     return rows
 
 
 def compile_only(args: argparse.Namespace, candidates) -> list[dict]:
-    """Compile each candidate for ``args.arch`` with the installed Triton (no GPU)."""
-    import triton
+    """Compile each candidate of the bf16-widening kernel for ``args.arch`` with the
+    installed Triton (no GPU), and on CUDA targets the fp8 kernel's table configs."""
     from triton.backends.compiler import GPUTarget
 
-    fn = kernel._kernel()
     hip = not args.arch.isdigit()
     target = GPUTarget("hip", args.arch, 64) if hip else GPUTarget("cuda", int(args.arch), 32)
+    common = {"rows": "i32", "N": "i32", "K": "i32", "x_row_stride": "i32",
+              "w_row_stride": "i32", "ws_row_stride": "i32", "out_row_stride": "i32"}
     rows = []
     for cfg, x_dtype in candidates:
         sig = {"x_ptr": "*bf16" if x_dtype == BF16 else "*fp8e4nv", "xs_ptr": "*fp32",
-               "w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*bf16", "rows": "i32", "N": "i32",
-               "K": "i32", "x_row_stride": "i32", "w_row_stride": "i32",
-               "ws_row_stride": "i32", "out_row_stride": "i32"}
-        # As a launch specializes them: 16-divisible pointers, N, K and strides
-        # (K / 32 = ws_row_stride is 8-divisible only at K = 4352; left unmarked).
-        aligned = [i for i, a in enumerate(sig) if a not in ("rows", "ws_row_stride")]
+               "w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*bf16", **common}
         const = {"X_FORMAT": "bf16" if x_dtype == BF16 else "e4m3", "W_LHS": cfg.w_lhs,
                  "DEQUANT": cfg.dequant, "DOT_FP32": False, "EVEN_K": True,
                  "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                  "GROUP_M": cfg.group_m}
-        sig.update({name: "constexpr" for name in const})
-        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const,
-                                        attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-        row = {"kernel": label(cfg, x_dtype)}
-        try:
-            compiled = triton.compile(src, target=target, options={
-                "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-        except Exception as e:
-            rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:200]}"))
-            continue
-        row["shared_bytes"] = compiled.metadata.shared
-        if not hip:
-            row.update(_ptxas_report(compiled.asm["ptx"], int(args.arch)))
-        rows.append(row)
+        rows.append(_compiled(label(cfg, x_dtype), kernel._kernel(), sig, const, cfg, target))
+    if hip:
+        return rows
+    named = {"DEFAULT_CONFIG": fp8_kernel.DEFAULT_CONFIG, "MEDIUM_CONFIG": fp8_kernel.MEDIUM_CONFIG,
+             **{f"CONFIGS[{n}, {k}]": c for (n, k), c in fp8_kernel.CONFIGS.items()}}
+    for name, cfg in named.items():
+        sig = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*u8",
+               "top_ptr": "*i32", "cs_ptr": "*fp32", "out_ptr": "*bf16", **common}
+        const = {"W_LHS": cfg.w_lhs, "PROMOTE_K": cfg.promote_k or None, "DOT_FP32": False,
+                 "WIDEN_ASM": cfg.widen_asm, "EVEN_K": True, "BLOCK_M": cfg.block_m,
+                 "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m}
+        rows.append(_compiled(f"mxfp4_fp8_gemm {name}", fp8_kernel._kernel(), sig, const, cfg,
+                              target))
     return rows
+
+
+def _compiled(name: str, fn, sig: dict, const: dict, cfg, target) -> dict:
+    """One compile's row: shared memory, and on CUDA ptxas' report (or the error)."""
+    import triton
+
+    # As a launch specializes them: 16-divisible pointers, N, K and strides (K / 32 =
+    # ws_row_stride is 8-divisible only at K = 4352; left unmarked).
+    aligned = [i for i, a in enumerate(sig) if a not in ("rows", "ws_row_stride")]
+    src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in const}},
+                                    constexprs=const,
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    row = {"kernel": name}
+    try:
+        compiled = triton.compile(src, target=target, options={
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    except Exception as e:  # a config this Triton cannot compile: listed, not fatal
+        return dict(row, error=f"{type(e).__name__}: {str(e)[:200]}")
+    row["shared_bytes"] = compiled.metadata.shared
+    if target.backend == "cuda":
+        row.update(_ptxas_report(compiled.asm["ptx"], target.arch))
+    return row
 
 
 def _ptxas_report(ptx: str, arch: int) -> dict:

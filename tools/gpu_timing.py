@@ -225,6 +225,11 @@ def median_ms(samples: list[float]) -> tuple[float, float]:
     return metrics.median_and_spread(samples)
 
 
+def median_ms(fn: Callable[[int], None], reps: int, warmup: int) -> float:
+    """The median device time of ``fn`` in ms (:func:`event_times`)."""
+    return metrics.median_and_spread(event_times(fn, reps, warmup))[0]
+
+
 def device_and_host_ms(fn: Callable[[int], None], reps: int, warmup: int,
                        before: Callable[[], None] | None = None) -> tuple[float, float, float]:
     """(device median, its spread, host median) of ``fn`` in ms (see :func:`event_times`)."""

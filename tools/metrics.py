@@ -36,6 +36,11 @@ def median_and_spread(samples: Sequence[float]) -> tuple[float, float]:
     return statistics.median(ordered), (q3 - q1) / 2
 
 
+def tflops(m: int, n: int, k: int, ms: float) -> float:
+    """TFLOP/s of an M x N x K GEMM taking ``ms``: 2MNK / t."""
+    return 2 * m * n * k / (ms * 1e-3) / 1e12
+
+
 def speedup(t_serial_stock: float, t_ovl: float) -> float:
     return t_serial_stock / t_ovl
 

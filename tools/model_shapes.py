@@ -189,3 +189,18 @@ def rank_shapes(cfg: ModelConfig, tp: int) -> RankShapes:
     else:
         kv = 1
     return RankShapes(cfg, tp, cfg.heads // tp, kv, cfg.intermediate // tp)
+
+
+#: (model, TP degree) of the prefill bench's MXFP4 sweeps (tools/bench_mxfp4.py --sweep,
+#: tools/tune_mxfp4_fp8.py)
+PREFILL_TP = (("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("qwen3-32b", 4))
+
+
+def row_parallel_shapes(models=PREFILL_TP) -> list[tuple[str, str, int, int]]:
+    """(``"<model> tp<TP>"``, layer, N, K) of one rank's row-parallel linears, o_proj and
+    down_proj, of each (model, TP degree) of ``models``."""
+    out = []
+    for name, tp in models:
+        gemms = rank_shapes(model(name), tp).gemms()
+        out += [(f"{name} tp{tp}", layer, *gemms[layer]) for layer in ("o_proj", "down_proj")]
+    return out

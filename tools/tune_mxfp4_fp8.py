@@ -2,20 +2,19 @@
 
 On one GPU with fp8 MMA (H100/H200), in about 2-3 minutes:
 
-1. the one-pass per-token quantization (``quantize_fp8_rows``) at --prepare-shape: its
-   bits against the torch reference, its time and bandwidth beside the reference's;
-2. for every prefill shape of the bench's models (o_proj and down_proj of Llama-3.1-8B TP
+1. for every prefill shape of the bench's models (o_proj and down_proj of Llama-3.1-8B TP
    2, Llama-3.1-70B TP 4, Qwen3-32B TP 4; tools/model_shapes.py) and the bench's
    5120 x 4352: each candidate config's relative RMS error against the float64 product
    of the dequantized operands (on CHECK_ROWS rows), then its time at every M of --rows,
    beside ``torch.mm`` bf16 and ``torch._scaled_mm`` fp8 rowwise;
-3. per shape the fastest config (geometric mean over M) among those within the error
+2. per shape the fastest config (geometric mean over M) among those within the error
    bound (ERROR_TARGET, or 1.05 x the bf16 rounding of the exact product), printed as
    the ``CONFIGS`` table to paste into the kernel's module.
 
 Times: median of CUDA-event samples after warm-up (tools/gpu_timing.py), the activation
-rotated over copies beyond the L2; TFLOP/s = 2MNK / t. Writes --json; exits 1 when the
-quantization's bits differ or a shape has no config within its error bound.
+rotated over copies beyond the L2; TFLOP/s = 2MNK / t. Writes --json; exits 1 when a
+shape has no config within its error bound. The activation's quantizer is measured by
+tools/bench_mxfp4.py (device time of replayed launches: an eager Triton launch outlasts it).
 
     python tools/tune_mxfp4_fp8.py --json $OUT/tune_mxfp4_fp8.json
 """
@@ -65,8 +64,7 @@ CANDIDATES = [
     C(128, 128, 128, 8, True, 8, 4, 0, True),
     C(128, 128, 128, 8, False, 8, 4, 128, False),
 ]
-#: (model, TP degree) of the prefill bench, and the bench's own shape
-MODELS = (("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("qwen3-32b", 4))
+#: the bench's own shape, tuned beside the prefill bench's (model_shapes.row_parallel_shapes)
 BENCH_SHAPE = ("bench", "down_proj", 5120, 4352)
 CHECK_ROWS = 256
 #: issue 32: no worse than the bf16-widening kernel's 1.7e-3 on the bench's data, or than
@@ -76,42 +74,13 @@ ROUNDING_SLACK = 1.05
 
 
 def shapes() -> list[tuple[str, str, int, int]]:
-    out = []
-    for name, tp in MODELS:
-        gemms = model_shapes.rank_shapes(model_shapes.model(name), tp).gemms()
-        out += [(f"{name} tp{tp}", layer, *gemms[layer]) for layer in ("o_proj", "down_proj")]
-    return out + [BENCH_SHAPE]
-
-
-def tflops(m: int, n: int, k: int, ms: float) -> float:
-    return 2 * m * n * k / (ms * 1e-3) / 1e12
-
-
-def timed(fn, reps: int, warmup: int) -> float:
-    return metrics.median_and_spread(gpu_timing.event_times(fn, reps, warmup))[0]
+    return model_shapes.row_parallel_shapes() + [BENCH_SHAPE]
 
 
 def label(cfg: fk.LaunchConfig) -> str:
     return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} g{cfg.group_m} "
             f"{'w_lhs' if cfg.w_lhs else 'x_lhs'} w{cfg.num_warps} s{cfg.num_stages} "
             f"p{cfg.promote_k}{' asm' if cfg.widen_asm else ''}")
-
-
-def measure_prepare(args) -> dict:
-    m, k = args.prepare_shape
-    g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(m, k, generator=g, device="cuda").to(BF16)
-    rq, rs = mx.quantize_activation(x)
-    q, s = qk.quantize_fp8_rows(x)
-    same = torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
-    copies = gpu_timing.copies_for(x)
-    xs = [x] + [x.clone() for _ in range(copies - 1)]
-    ms = timed(lambda i: qk.quantize_fp8_rows(xs[i % copies], out=q, scale_out=s),
-               args.reps, args.warmup)
-    ref_ms = timed(lambda i: mx.quantize_activation(xs[i % copies], out=q), args.reps,
-                   args.warmup)
-    return {"m": m, "k": k, "same_bits": same, "ms": ms, "reference_ms": ref_ms,
-            "gb_per_s": (3 * m * k + 4 * m) / (ms * 1e-3) / 1e9}
 
 
 def measure_shape(args, model: str, layer: str, n: int, k: int) -> list[dict]:
@@ -145,20 +114,20 @@ def measure_shape(args, model: str, layer: str, n: int, k: int) -> list[dict]:
         out = torch.empty(m, n, dtype=BF16, device="cuda")
         at = dict(base, m=m)
         for cfg, err in errors.items():
-            ms = timed(lambda i: fk.mxfp4_fp8_gemm(xqs[i % copies], xs, packed, scales, plan,
+            ms = gpu_timing.median_ms(lambda i: fk.mxfp4_fp8_gemm(xqs[i % copies], xs, packed, scales, plan,
                                                    out=out, config=cfg), args.reps, args.warmup)
             rows.append(dict(at, kernel=label(cfg), config=cfg, rel_rms_err=err,
                              err_bound=bound, bf16_rounding_err=floor, ms=ms,
-                             tflops=tflops(m, n, k, ms)))
-        ms = timed(lambda i: torch._scaled_mm(xqs[i % copies], w8.t(), scale_a=xs[:, None],
+                             tflops=metrics.tflops(m, n, k, ms)))
+        ms = gpu_timing.median_ms(lambda i: torch._scaled_mm(xqs[i % copies], w8.t(), scale_a=xs[:, None],
                                               scale_b=w8_scale, out_dtype=BF16, out=out),
                    args.reps, args.warmup)
         rows.append(dict(at, kernel="torch._scaled_mm fp8 rowwise", ms=ms,
-                         tflops=tflops(m, n, k, ms)))
+                         tflops=metrics.tflops(m, n, k, ms)))
         del xqs
         xbs = [x] + [x.clone() for _ in range(gpu_timing.copies_for(x) - 1)]
-        ms = timed(lambda i: torch.mm(xbs[i % len(xbs)], w.t(), out=out), args.reps, args.warmup)
-        rows.append(dict(at, kernel="torch.mm bf16", ms=ms, tflops=tflops(m, n, k, ms)))
+        ms = gpu_timing.median_ms(lambda i: torch.mm(xbs[i % len(xbs)], w.t(), out=out), args.reps, args.warmup)
+        rows.append(dict(at, kernel="torch.mm bf16", ms=ms, tflops=metrics.tflops(m, n, k, ms)))
         del xbs
     return rows
 
@@ -195,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[2048, 8192, 16384], help="M values")
-    p.add_argument("--prepare-shape", type=int, nargs=2, default=[8192, 4352], metavar=("M", "K"))
     p.add_argument("--reps", type=int, default=10, help="timed samples (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
     p.add_argument("--json", default=None, help="also write every row here")
@@ -211,10 +179,6 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name()
     print(f"# mxfp4_fp8_gemm tuning on {name}, Triton {triton.__version__}, torch "
           f"{torch.__version__}", flush=True)
-    prep = measure_prepare(args)
-    print(f"prepare {prep['m']}x{prep['k']}: {prep['ms']:.4f} ms ({prep['gb_per_s']:.0f} GB/s), "
-          f"torch reference {prep['reference_ms']:.4f} ms, same bits: {prep['same_bits']}",
-          flush=True)
     rows = []
     for model, layer, n, k in shapes():
         rows += measure_shape(args, model, layer, n, k)
@@ -246,12 +210,11 @@ def main(argv: list[str] | None = None) -> int:
             if "config" in r:
                 r["config"] = repr(r["config"])
         with open(args.json, "w") as f:
-            json.dump({"device": name, "triton": triton.__version__, "prepare": prep,
+            json.dump({"device": name, "triton": triton.__version__,
                        "rows": rows, "table": table}, f, indent=1)
     missing = [s for s in {(r["n"], r["k"]) for r in rows} if s not in chosen]
-    if not prep["same_bits"] or missing:
-        print(f"FAILURE: quantization bits differ: {not prep['same_bits']}; shapes without a "
-              f"config within the error bound: {missing}")
+    if missing:
+        print(f"FAILURE: shapes without a config within the error bound: {missing}")
         return 1
     return 0
 

@@ -9,7 +9,8 @@ both applied in the GEMM's epilogue. The products are exact and ``col_scale`` is
 of two, so the result is the fp32 sum of the exact products times x_scale, rounded to
 bf16, as on the Triton routes (up to summation order and the fp8 GEMM's accumulation,
 fast accumulation off). It pays the widening every call (0.096 ms at 5120 x 4352 on the
-H200 beside a 0.27 ms fp8 GEMM at 8192 rows), so it is for prefill-sized calls
+H200, tools/results/2026-12-04-h200-mxfp4-widen/, beside a 0.27 ms fp8 GEMM at 8192 rows,
+-mxfp4-end-to-end/bench_mxfp4.json), so it is for prefill-sized calls
 (:func:`cublas_min_rows`); the widened weight is scratch, not kept (a kept copy would
 double an MXFP4 weight's memory).
 
@@ -34,6 +35,7 @@ graphs of that weight dropped (a case this code does not detect at replay).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 
 import torch
@@ -46,9 +48,10 @@ from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
 #: From the H200 sweep of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-end-to-end/
 #: sweep.json, widening included): at K = 2048 (o_proj) and 4096 rows the Triton kernel
 #: was faster for N = 4096 and 5120 (0.127 and 0.134 against 0.217 and 0.169 ms) and slower
-#: for N = 8192 (0.212 against 0.193), at 16384 rows slower for all; from K = 4352
+#: for N = 8192 (0.212 against 0.193), at 16384 rows slower for all; at K = 6400 and 7168
 #: (down_proj) the cuBLAS route was faster already at 2048 rows (0.163-0.312 against
-#: 0.173-0.339 ms). Between the measured row counts the threshold is an estimate.
+#: 0.173-0.339 ms). Between the measured row counts, and for K between 2048 and 6400 (the
+#: bench's 4352 included), the threshold is an estimate.
 #: (largest K, fewest rows), in order of K; the last row holds for every K
 CUBLAS_MIN_ROWS = ((2048, 8192), (2 ** 31, 2048))
 
@@ -88,13 +91,21 @@ def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan
         # addresses a captured CUDA graph of this weight holds (module doc).
         hit[1].top.copy_(plan.top)
         hit[1].col_scale.copy_(plan.col_scale)
-        plan = dataclasses.replace(hit[1], fits=plan.fits, reason=plan.reason)
+        plan = dataclasses.replace(hit[1], reason=plan.reason)
     if not plan.fits:
         warnings.warn(f"mxfp4_w4a8: this weight is not exact in e4m3 ({plan.reason}): it runs "
                       "on the bf16-widening Triton kernel, not on fp8 tensor cores",
                       stacklevel=3)
     _PLANS[w_scale] = (stamp, plan)
     return plan
+
+
+@functools.lru_cache(maxsize=None)  # asked by every MXFP4 op call's prepare
+def _nvidia_major(device: torch.device) -> int | None:
+    """The compute capability's major number of an NVIDIA ``device``, else None."""
+    if device.type != "cuda" or torch.version.hip:
+        return None
+    return torch.cuda.get_device_capability(device)[0]
 
 
 def cublas_refusal(device: torch.device, x_dtype: torch.dtype, rows: int, n: int,
@@ -105,9 +116,10 @@ def cublas_refusal(device: torch.device, x_dtype: torch.dtype, rows: int, n: int
     it was built; torch's rowwise fp8 GEMM wants a bf16 output and N a multiple of 16),
     at least :func:`cublas_min_rows` rows. A weight's own fit (its column plan) is the
     caller's other condition."""
-    if device.type != "cuda" or torch.version.hip:
+    gpu = _nvidia_major(device)
+    if gpu is None:
         return f"{device} is not an NVIDIA GPU"
-    if torch.cuda.get_device_capability(device)[0] != 9:
+    if gpu != 9:
         return "not a Hopper GPU (sm_90), where the route is built and measured"
     if x_dtype != torch.bfloat16:
         return f"x is {x_dtype}, the route writes bf16"

@@ -51,8 +51,7 @@ quantize_activation = fp8_activation.quantize_activation
 MX_GROUP = kernel.MX_GROUP
 E2M1_MAX = 6.0
 E2M1_EMAX = 2  # exponent of the largest e2m1 value, 6 = 1.5 * 2^2
-E8M0_BIAS = 127
-E8M0_NAN = 255
+E8M0_BIAS, E8M0_NAN = kernel.E8M0_BIAS, kernel.E8M0_NAN
 #: |value| of the e2m1 magnitude codes 0..7
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 #: Rounding |v| (<= 6) to the nearest e2m1 magnitude: the code is the number of these
@@ -87,13 +86,7 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_weight(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """float64 [N, K] values of packed e2m1 codes and e8m0 scales (module doc)."""
-    if packed.dtype != torch.uint8 or scales.dtype != torch.uint8 or packed.dim() != 2 \
-            or tuple(scales.shape) != (packed.shape[0], 2 * packed.shape[1] // MX_GROUP) \
-            or (2 * packed.shape[1]) % MX_GROUP:
-        raise ValueError(f"dequantize_weight: expected uint8 codes (N, K/2) and uint8 scales "
-                         f"(N, K/32) with K a multiple of {MX_GROUP}, got "
-                         f"{tuple(packed.shape)} {packed.dtype} and {tuple(scales.shape)} "
-                         f"{scales.dtype}")
+    fp8_kernel.check_weight(packed, scales, "dequantize_weight")
     n = packed.shape[0]
     codes = torch.stack((packed & 0xF, packed >> 4), dim=2).reshape(n, -1).long()
     table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=packed.device)

@@ -50,8 +50,8 @@ term for them::
 
     + 2^-10 * sum_k |x[m, k] w[n, k]|
 
-(measured on the H200, 2026-12-04: a channel whose first block holds every code at the
-top of e4m3's range lost 2^-11.8 of its first 128 products' magnitude; the GPU tests
+(measured on the H200, 2026-12-04, docs/history.md: a channel whose first block holds
+every code at the top of e4m3's range lost 2^-11.8 of its first 128 products' magnitude; the GPU tests
 hold promoted configs to this bound, at the range edges too, and to 1.7e-3 relative RMS
 on random data). With 0 the whole sum is the MMA's, measured (tools/tune_mxfp4_fp8.py)
 rather than bounded. The cuBLAS route (:mod:`radiance_ar.overlap.mxfp4_routes`) met the
@@ -65,6 +65,7 @@ launch; ``TRITON_INTERPRET=1`` set before that runs the kernel on CPU tensors.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +75,7 @@ from radiance_ar import envs
 from radiance_ar.overlap.kernels import gemm_tiles, lazy_jit
 from radiance_ar.overlap.kernels import mxfp4_w4a8 as bf16_kernel
 
-MX_GROUP = bf16_kernel.MX_GROUP
-E8M0_BIAS, E8M0_NAN = 127, 255
+MX_GROUP, E8M0_BIAS, E8M0_NAN = bf16_kernel.MX_GROUP, bf16_kernel.E8M0_BIAS, bf16_kernel.E8M0_NAN
 E_MAX, E_MIN = 6, -8  # the block exponents E for which every e2m1 value times 2^E is e4m3
 FP8 = torch.float8_e4m3fn
 
@@ -97,10 +97,11 @@ class LaunchConfig:
     #                          interpreter, which runs no PTX, the Triton-op widening)
 
 
-#: shapes not in CONFIGS, M >= LARGE_ROWS: the tile the sm_90 roofline favours (Triton
-#: 3.9 offline, nvdisasm of the main loop: 898 issue cycles a K step against 1024 of fp8
-#: MMA, so MMA-bound; ptxas: 255 registers, 16 bytes spilled, 128 KB shared), the weight
-#: widened in PTX, the fp32 partial sum promoted every 128 products (fp32 summation's bound)
+#: shapes not in CONFIGS, M >= LARGE_ROWS: the tile the tune's table uses at most shapes,
+#: the weight widened in PTX, the fp32 partial sum promoted every 128 products (fp32
+#: summation's bound). ptxas (Triton 3.9, offline: ``python tools/bench_mxfp4.py
+#: --compile-only --arch 90``, which reports every config below): 255 registers, 16 bytes
+#: spilled, 128 KB shared.
 DEFAULT_CONFIG = LaunchConfig(256, 128, 128, 8, False, 8, 3, 128, True)
 #: Configs by (N, K) of a rank's o_proj / down_proj (tools/model_shapes.py: Llama-3.1-8B
 #: TP 2, Llama-3.1-70B TP 4, Qwen3-32B TP 4, and the bench's 5120 x 4352), for
@@ -121,7 +122,7 @@ CONFIGS: dict[tuple[int, int], LaunchConfig] = {
     (8192, 7168): LaunchConfig(256, 128, 128, 8, False, 8, 4, 128, True),  # 700 TFLOP/s
 }
 #: fewer rows: smaller row tiles keep the SMs busy
-MEDIUM_CONFIG = LaunchConfig(64, 128, 128, 8, False, 4, 4, 128, True)  # sm_90: 202 regs, no spill
+MEDIUM_CONFIG = LaunchConfig(64, 128, 128, 8, False, 4, 4, 128, True)  # 202 registers, no spill
 LARGE_ROWS = 1024
 #: Under the interpreter speed does not matter; one small config exercises the masks.
 INTERPRETER_CONFIG = LaunchConfig(32, 32, 64, 2, False, 4, 1, 64)
@@ -135,6 +136,7 @@ def launch_config(device: torch.device, rows: int, n: int, k: int) -> LaunchConf
     return dataclasses.replace(cfg, widen_asm=False) if torch.version.hip else cfg
 
 
+@functools.lru_cache(maxsize=None)  # asked by every MXFP4 op call's prepare
 def has_fp8_mma(device: torch.device) -> bool:
     """fp8 (OCP e4m3) tensor-core MMA without microscaled MMA: CUDA sm_89 (Ada) and sm_90
     (Hopper), and sm_12x; AMD RDNA4 (gfx12). Blackwell sm_100 and MI355 (gfx950) have the
@@ -154,17 +156,24 @@ class ColumnPlan:
     """The per-output-channel shift of one weight (module doc)."""
     top: torch.Tensor  # int32 [N]: the scale byte mapped to E = 6 (largest used block)
     col_scale: torch.Tensor  # fp32 [N]: 2^t = 2^(top - 127 - 6), applied in the epilogue
-    fits: bool  # every used block within 14 binades of its column's top, no NaN scale
-    reason: str  # why not, when not
+    reason: str  # why the weight does not fit, "" when it does
+
+    @property
+    def fits(self) -> bool:
+        """Every used block within 14 binades of its column's top, no NaN scale."""
+        return not self.reason
 
 
-def _check_weight(packed: torch.Tensor, scales: torch.Tensor, who: str) -> None:
+def check_weight(packed: torch.Tensor, scales: torch.Tensor, who: str) -> None:
+    """Raise ``ValueError`` (naming ``who``) unless ``packed`` and ``scales`` are an MXFP4
+    weight: uint8 codes [N, K/2] and uint8 e8m0 scales [N, K/32], K a multiple of 32."""
     if packed.dtype != torch.uint8 or scales.dtype != torch.uint8 or packed.dim() != 2 \
             or tuple(scales.shape) != (packed.shape[0], 2 * packed.shape[1] // MX_GROUP) \
             or (2 * packed.shape[1]) % MX_GROUP:
         raise ValueError(f"{who}: expected uint8 codes (N, K/2) and uint8 scales "
-                         f"(N, K/32), got {tuple(packed.shape)} {packed.dtype} and "
-                         f"{tuple(scales.shape)} {scales.dtype}")
+                         f"(N, K/32) with K a multiple of {MX_GROUP}, got "
+                         f"{tuple(packed.shape)} {packed.dtype} and {tuple(scales.shape)} "
+                         f"{scales.dtype}")
 
 
 def column_range(packed: torch.Tensor, scales: torch.Tensor,
@@ -172,7 +181,7 @@ def column_range(packed: torch.Tensor, scales: torch.Tensor,
     """(top, spread), int32 [N] each: per output channel the largest scale byte of a block
     holding a nonzero code (E8M0_BIAS + E_MAX where there is none) and how far below it
     the smallest such block lies (0 for an all-zero channel); it fits when spread <= 14."""
-    _check_weight(packed, scales, "column_range")
+    check_weight(packed, scales, "column_range")
     n = packed.shape[0]
     used = (packed.reshape(n, -1, MX_GROUP // 2) & 0x77).amax(dim=2) > 0  # a nonzero code
     s = scales.to(torch.int32)
@@ -186,21 +195,21 @@ def column_range(packed: torch.Tensor, scales: torch.Tensor,
 def plan_columns(packed: torch.Tensor, scales: torch.Tensor) -> ColumnPlan:
     """The shifts for packed e2m1 codes [N, K/2] and e8m0 scales [N, K/32] (a host sync:
     call it once per weight, at load)."""
-    _check_weight(packed, scales, "plan_columns")
-    top, spread = column_range(packed, scales)
+    top, spread = column_range(packed, scales)  # checks the weight
     worst = int(spread.max()) if spread.numel() else 0
     nan = bool((scales == E8M0_NAN).any())
     reason = ("a scale byte is 255 (NaN)" if nan else
               f"a column's blocks span {worst + 1} binades, more than the "
               f"{E_MAX - E_MIN + 1} e4m3 holds" if worst > E_MAX - E_MIN else "")
     col_scale = torch.pow(2.0, (top - E8M0_BIAS - E_MAX).double()).float()
-    return ColumnPlan(top.contiguous(), col_scale.contiguous(), not reason, reason)
+    return ColumnPlan(top.contiguous(), col_scale.contiguous(), reason)
 
 
 #: The widening in PTX (module doc), 4 packed bytes (8 codes) a call: $0 gets the e4m3 of
 #: the 4 low nibbles (row elements 0, 2, 4, 6), $1 of the high ones; $3 and $4 hold the f16
-#: factors of bytes 0-1 and 2-3 (equal: one block). The main loop of 128x128x128 (8 warps,
-#: promoted) is 346 SASS instructions a thread so, 690 in Triton ops (sm_90, Triton 3.9).
+#: factors of bytes 0-1 and 2-3 (equal: one block). The widening in Triton ops was the
+#: tune's slowest candidate at 8192 x 5120 x 4352 (367 TFLOP/s against 570-714 for the PTX
+#: widening's; tools/results/2026-12-04-h200-mxfp4-fp8/tune_mxfp4_fp8.json, other tiles).
 _WIDEN_PTX_TEXT = """{
 .reg .b32 l, h, t, f0, f1, f2, f3;
 .reg .b16 l0, l1, h0, h1, o0, o1, o2, o3;

@@ -55,6 +55,7 @@ from radiance_ar.overlap.kernels import gemm_tiles, lazy_jit
 from radiance_ar.streams import stream_object
 
 MX_GROUP = 32  # K values sharing one e8m0 scale (the MX block size)
+E8M0_BIAS, E8M0_NAN = 127, 255  # the scale byte of 2^0, and the byte that means NaN
 X_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _X_FORMAT = {torch.float8_e4m3fn: "e4m3", torch.bfloat16: "bf16"}

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from radiance_ar import envs
-from radiance_ar.overlap.kernels import lazy_jit
+from radiance_ar.overlap.kernels import lazy_jit, mxfp4_w4a8
 
-MX_GROUP = 32
+MX_GROUP = mxfp4_w4a8.MX_GROUP
 #: 64 channels x 256 values a program, 4 warps: the fastest of 10 shapes and two store
 #: widths on the H200 (tools/results/2026-12-04-h200-mxfp4-widen/: at 5120 x 4352 0.096 ms,
 #: 355 GB/s, where the byte-store kernel before it took 0.488 ms; 16-bit stores 0.100 ms)
