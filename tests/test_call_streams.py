@@ -155,8 +155,8 @@ def test_the_reuse_fence_keeps_its_entries_when_it_ran_on_a_call_stream():
     waits = []
 
     class Signals:
-        def wait(self, peer, slot, epoch, stream, what):
-            waits.append((peer, slot, epoch, stream))
+        def wait_all(self, peers, slot, epoch, stream, what):
+            waits.extend((peer, slot, epoch, stream) for peer in peers)
 
     class Streams:
         def is_call_stream(self, stream):

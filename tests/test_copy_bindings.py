@@ -60,12 +60,14 @@ def test_hip_calls_are_built_against_the_real_api(monkeypatch):
 def test_hip_batch_runs_each_operation_in_order(monkeypatch):
     hip = RecordingHip()
     monkeypatch.setattr(hip_ops, "_hip", lambda: hip)
-    hip_ops.hip_batch(7, [("wait_eq", 0x3000, 5), ("write", 0x3000, 0), ("write", 0x3008, 9)])
+    hip_ops.hip_batch(7, [("wait_eq", 0x3000, 5), ("write", 0x3000, 0), ("write", 0x3008, 9),
+                          ("wait_geq", 0x3010, 4)])
     assert hip.calls == [("hipStreamWaitValue64", (7, 0x3000, 5, 1, MASK64)),
                          ("hipStreamWriteValue64", (7, 0x3000, 0, 0)),
-                         ("hipStreamWriteValue64", (7, 0x3008, 9, 0))]
-    with pytest.raises(ValueError, match="'wait_geq'"):
-        hip_ops.hip_batch(7, [("wait_geq", 0x3000, 1)])
+                         ("hipStreamWriteValue64", (7, 0x3008, 9, 0)),
+                         ("hipStreamWaitValue64", (7, 0x3010, 4, 0, MASK64))]  # Gte
+    with pytest.raises(ValueError, match="'wait_lt'"):
+        hip_ops.hip_batch(7, [("wait_lt", 0x3000, 1)])
 
 
 @pytest.mark.parametrize("version, says", [
@@ -165,11 +167,15 @@ def test_cuda_batch_params_with_the_real_bindings():
     pytest.importorskip("cuda.bindings")
     cuda_ops._cuda_calls.cache_clear()
     try:
-        wait, write = cuda_ops.cuda_batch_params([("wait_eq", 0x2000, 2 ** 33 + 7),
-                                                  ("write", 0x2000, 0)])
+        wait, write, geq = cuda_ops.cuda_batch_params([("wait_eq", 0x2000, 2 ** 33 + 7),
+                                                       ("write", 0x2000, 0),
+                                                       ("wait_geq", 0x2008, 3)])
         assert wait.operation.name == "CU_STREAM_MEM_OP_WAIT_VALUE_32"
         assert (int(wait.waitValue.address), int(wait.waitValue.value)) == (0x2000, 7)
         assert wait.waitValue.flags == 1  # CU_STREAM_WAIT_VALUE_EQ
+        assert geq.operation.name == "CU_STREAM_MEM_OP_WAIT_VALUE_32"
+        assert (int(geq.waitValue.address), int(geq.waitValue.value)) == (0x2008, 3)
+        assert geq.waitValue.flags == 0  # CU_STREAM_WAIT_VALUE_GEQ
         assert write.operation.name == "CU_STREAM_MEM_OP_WRITE_VALUE_32"
         assert (int(write.writeValue.address), int(write.writeValue.value)) == (0x2000, 0)
     finally:

@@ -12,7 +12,8 @@ from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport import tokens
 from radiance_ar.transport.gpu_signals import GpuSignals
 from radiance_ar.transport.peer_memory import PeerBuffer
-from radiance_ar.transport.signals import FLAG_BYTES
+from radiance_ar.transport.signals import _HEADER as HEADER_WORDS, _word as signals_word
+from radiance_ar.transport.signals import FLAG_BYTES, SLOT_BYTES
 from radiance_ar.transport.world import single_world
 
 
@@ -99,3 +100,23 @@ def test_a_captured_pull_phase_waits_for_every_peer_in_one_batch(size):
     assert stream == 7 and ops == expected
     assert [(a.peer, a.kind, a.k, a.value) for a in rnd.awaited] == [
         (p, "ready", 0, value) for p in peers]
+
+
+def test_an_eager_pull_phase_waits_for_every_peer_in_one_batch():
+    # The same phase outside a capture: each active peer's step tag (EQ), a passive peer's
+    # done counter (GEQ, as a passive peer posts no steps), one stream operation call.
+    size, rank = 4, 0
+    engine = _RecordedOps()
+    flags = _buffer("flags", FLAG_BYTES, rank, size)
+    signals = GpuSignals(flags, rank, size, 1000.0, engine, "test", lambda: [])
+    signals._passive = {3}
+    sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 3)
+    with signals.call(sig) as epoch:
+        signals.wait_all([1, 2, 3], "ready", epoch, 7, "a test call")
+        tag = signals.tag(epoch)
+    (stream, ops), = engine.batches
+    step = signals_word("ready", epoch) * SLOT_BYTES
+    done = HEADER_WORDS["done"] * SLOT_BYTES
+    assert stream == 7 and ops == [("wait_eq", flags.peer(1).data_ptr() + step, tag),
+                                   ("wait_eq", flags.peer(2).data_ptr() + step, tag),
+                                   ("wait_geq", flags.peer(3).data_ptr() + done, epoch)]

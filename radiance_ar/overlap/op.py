@@ -82,23 +82,26 @@ def forward(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
 
 def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.Tensor,
              weight_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    if not CallPlan.slices_rows(rt, x.shape[0]):
+        plan = CallPlan.for_call(rt, prod, x, weight)
+        out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
+        plan.run(rt, prod, x, weight, weight_scale, out)
+        return out
+    refuse_sliced_in_capture(rt, x)
+    # everything a sliced call's plan, graph and signature depend on (the layer's number
+    # included: it may be registered after a first call)
     operands = (x.shape[0], x.shape[1], x.dtype, weight.data_ptr(), weight.shape[0],
-                None if weight_scale is None else weight_scale.data_ptr(), prod.name)
+                None if weight_scale is None else weight_scale.data_ptr(), prod.name,
+                rt.layer_number(weight))
     known = rt.sliced_calls.get(operands)
     if known is None:
-        plan = CallPlan.for_call(rt, prod, x, weight)
-        if not plan.sliced:
-            out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
-            plan.run(rt, prod, x, weight, weight_scale, out)
-            return out
-        known = rt.remember_sliced_call(operands, _SlicedCall.of(plan, rt.backend, x, weight,
-                                                                 weight_scale, prod))
-    else:
-        refuse_sliced_in_capture(rt, x)
+        known = rt.remember_sliced_call(operands, _SlicedCall.of(
+            CallPlan.for_call(rt, prod, x, weight), rt.backend, x.dtype))
     plan, backend = known.plan, rt.backend
 
     def body(x_in: torch.Tensor, out: torch.Tensor) -> None:
-        """The sliced path: prepare, then GEMM slices pipelined with their ARs."""
+        """The sliced path: prepare, then GEMM slices pipelined with their ARs (the call
+        key set here: a remembered plan skips ``for_call``, which sets it too)."""
         plan.set_call_key(backend)
         plan.run(rt, prod, x_in, weight, weight_scale, out)
 
@@ -108,7 +111,7 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
             out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
             body(x, out)
             return out
-        return graphs.call(known.graph_key, lambda: (rt.scratch.growths, backend.generation), x,
+        return graphs.call(operands, lambda: (rt.scratch.growths, backend.generation), x,
                            (plan.rows, plan.cols), known.sig, backend, body)
     except CollectiveError:
         _release_peer_in_vendor_call(rt)
@@ -118,22 +121,17 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
 @dataclass(frozen=True)
 class _SlicedCall:
     """What a sliced call of given operands needs besides them, built at its first call:
-    its plan, the key of its captured graph and its signature (the header of each
-    replay). A replayed call builds none of these again: on an H200 host the plan took
-    8.4 us and the signature 2.5 of a replayed call's 185 (W = 2, sdma_wht6, S = 4;
+    its plan and its signature (the header of each replay); its operands key its graph.
+    A replayed call builds neither again: on an H200 host the plan took 8.4 us and the
+    signature 2.5 of a replayed call's 185 (W = 2, sdma_wht6, S = 4;
     tools/results/2026-12-04-h200-replay-node-costs/host_pieces.json)."""
     plan: CallPlan
-    graph_key: tuple
     sig: CallSignature
 
     @classmethod
-    def of(cls, plan: CallPlan, backend, x: torch.Tensor, weight: torch.Tensor,
-           weight_scale: Optional[torch.Tensor], prod: Producer) -> "_SlicedCall":
-        key = (plan.rows, plan.k, plan.cols, x.dtype, prod.name, weight.data_ptr(),
-               None if weight_scale is None else weight_scale.data_ptr(), plan.bounds, plan.layer)
-        sig = CallSignature(plan.rows, plan.cols, x.dtype, "flags", plan.rows, plan.k, plan.layer,
-                            backend.tuning_word)
-        return cls(plan, key, sig)
+    def of(cls, plan: CallPlan, backend, dtype: torch.dtype) -> "_SlicedCall":
+        return cls(plan, CallSignature(plan.rows, plan.cols, dtype, "flags", plan.rows, plan.k,
+                                       plan.layer, backend.tuning_word))
 
 
 def _release_peer_in_vendor_call(rt: OverlapRuntime) -> None:

@@ -102,8 +102,7 @@ class CallPlan:
         ``capture_safe`` inside CUDA-graph capture."""
         rows, cols, k = x.shape[0], weight.shape[0], x.shape[1]
         backend = rt.backend
-        sliced = rows >= rt.settings.min_m and backend.pipelined
-        if not sliced:
+        if not cls.slices_rows(rt, rows):
             return cls(rows, cols, k, 0, (0, rows), False)
         refuse_sliced_in_capture(rt, x)
         layer = rt.layer_number(weight)
@@ -111,6 +110,11 @@ class CallPlan:
                    tuple(op_bounds(rt.settings, backend, rows, prod.slice_row_align)), True)
         plan.set_call_key(backend)
         return plan
+
+    @staticmethod
+    def slices_rows(rt: Any, rows: int) -> bool:
+        """Whether a call of ``rows`` rows takes the sliced pipeline on runtime ``rt``."""
+        return rows >= rt.settings.min_m and rt.backend.pipelined
 
     def set_call_key(self, backend: Backend) -> None:
         """Tell ``backend`` the call its slices belong to (M, K, the layer)."""

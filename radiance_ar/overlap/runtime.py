@@ -26,10 +26,6 @@ from radiance_ar.overlap.lanes import Lanes
 from radiance_ar.overlap.scratch import ScratchPool
 
 
-#: sliced calls the op remembers per runtime (:meth:`OverlapRuntime.remember_sliced_call`):
-#: one per layer and M, like the captured graphs (RADIANCE_AR_OP_GRAPHS_MAX's bound)
-SLICED_CALLS_MAX = 4096
-
 
 @dataclass
 class OverlapRuntime:
@@ -44,8 +40,8 @@ class OverlapRuntime:
     _graphs: GraphCache | None = None
     #: weight address -> the layer's number (:meth:`register_layer`)
     _layers: dict[int, int] = field(default_factory=dict)
-    #: a sliced call's plan, graph key and signature by its operands (the op's memo:
-    #: :meth:`remember_sliced_call`); forgotten when a layer is registered
+    #: a sliced call's plan and signature by its operands, layer number included (the
+    #: op's memo: :meth:`remember_sliced_call`)
     sliced_calls: dict[tuple, Any] = field(default_factory=dict)
     #: RADIANCE_AR_BACKEND=auto: the table and the chosen configurations' runtimes
     #: (radiance_ar/overlap/auto.py); None: every call runs ``backend``
@@ -61,16 +57,12 @@ class OverlapRuntime:
         the order of registration, which every rank must share (the vLLM installer
         registers layers in model order). Its calls' signatures carry the number, so a
         rank that skipped a replayed op call meets a mismatch at the next layer."""
-        address = weight.data_ptr()
-        if address not in self._layers:
-            self._layers[address] = len(self._layers) + 1
-            self.sliced_calls.clear()  # a call remembered before carries layer 0
-        return self._layers[address]
+        return self._layers.setdefault(weight.data_ptr(), len(self._layers) + 1)
 
     def remember_sliced_call(self, operands: tuple, call: Any) -> Any:
-        """Keep ``call`` (the op's plan, graph key and signature of a sliced call) for
-        ``operands``; the memo starts over past :data:`SLICED_CALLS_MAX` entries."""
-        if len(self.sliced_calls) >= SLICED_CALLS_MAX:
+        """Keep ``call`` (the op's plan and signature of a sliced call) for ``operands``;
+        the memo starts over past as many entries as the graph cache remembers keys."""
+        if len(self.sliced_calls) >= self.settings.graphs_max * GraphCache.SEEN_PER_GRAPH:
             self.sliced_calls.clear()
         self.sliced_calls[operands] = call
         return call

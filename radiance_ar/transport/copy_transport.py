@@ -272,8 +272,8 @@ class CopyTransport:
         if not hits:
             return
         epoch = max(hits)
-        for p in self.peers:
-            self.signals.wait(p, "done", epoch, stream, "the reuse fence (peer still reading)")
+        self.signals.wait_all(self.peers, "done", epoch, stream,
+                              "the reuse fence (peer still reading)")
         if not self.call_streams.is_call_stream(stream):
             # Every later write follows this stream (the caller's or the publish lane):
             # the entries waited for need no second wait. A call stream's wait orders only
@@ -312,13 +312,13 @@ class CopyTransport:
         with traced(self.trace, stream, "wait", slot, *peers):
             self.signals.wait_all(peers, slot, t, stream, what)
         buffer = "red" if slot == "reduced" else "pub"
+        rnd = getattr(self.signals, "round", None)
         for peer, dst_addr, src_off, nbytes in pulls:
             assert 0 <= src_off and src_off + nbytes <= self.capacity, (src_off, nbytes)
             base, how = self._pull_from[buffer, peer]
             with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
                 if nbytes:
                     copy_bytes(dst_addr, base + src_off, nbytes, stream, how)
-            rnd = getattr(self.signals, "round", None)
             if rnd is None:
                 self.pulled_bytes += nbytes
             else:  # a capture: counted per replay (after_replay)

@@ -103,7 +103,8 @@ BATCH_MAX_OPS = 255
 
 def cuda_batch_params(ops: list[tuple[str, int, int]]) -> list:
     """The ``CUstreamBatchMemOpParams`` of ``ops``: ``("write", addr, value)`` (default
-    flags: earlier writes of the stream are visible first) or ``("wait_eq", addr, value)``."""
+    flags: earlier writes of the stream are visible first), ``("wait_eq", addr, value)`` or
+    ``("wait_geq", addr, value)`` (cyclic: ``(int32)(*addr - value) >= 0``)."""
     api = _cuda_calls()
     params = []
     for what, addr, value in ops:
@@ -113,13 +114,14 @@ def cuda_batch_params(ops: list[tuple[str, int, int]]) -> list:
             p.writeValue.address = addr
             p.writeValue.value = value & MASK32
             p.writeValue.flags = api.write_default
-        elif what == "wait_eq":
+        elif what in ("wait_eq", "wait_geq"):
             p.waitValue.operation = api.op_wait
             p.waitValue.address = addr
             p.waitValue.value = value & MASK32
-            p.waitValue.flags = api.wait_eq
+            p.waitValue.flags = api.wait_eq if what == "wait_eq" else api.wait_geq
         else:
-            raise ValueError(f"cuda_batch_params: operation {what!r}: expected 'write' or 'wait_eq'")
+            raise ValueError(f"cuda_batch_params: operation {what!r}: expected 'write', "
+                             "'wait_eq' or 'wait_geq'")
         params.append(p)
     return params
 

@@ -133,27 +133,27 @@ class GpuSignals(Signals):
                                 value)
 
     def wait(self, peer: int, slot: str, epoch: int, stream: int, what: str = "a call") -> None:
-        if self.round is not None:
-            self.wait_all([peer], slot, epoch, stream, what)
-            return
-        if peer in self._passive or slot == "done":
-            value = epoch
-            addr = self._addr[peer] + _HEADER["done"] * SLOT_BYTES
-            self.engine.wait_value_geq(stream, addr, value)
-            slot = "done"
-        else:
-            value = self.tag(epoch)
-            self.engine.wait_value_eq(stream, self._addr[peer] + _word(slot, epoch) * SLOT_BYTES,
-                                      value)
-        self._awaited.append((peer, slot, epoch, value, what))
+        self.wait_all([peer], slot, epoch, stream, what)
 
     def wait_all(self, peers: list[int], slot: str, epoch: int, stream: int,
                  what: str = "a call") -> None:
-        if self.round is None:
-            super().wait_all(peers, slot, epoch, stream, what)
+        """Every wait of ``peers`` in one batch (:meth:`Signals.wait_all`): a passive peer
+        or a ``done`` is waited for as ``done >= epoch`` (cyclic), a step as its tag; in a
+        capture, the call's tokens (:meth:`wait_tokens`)."""
+        if self.round is not None:
+            assert slot != "done", "token-mode fences consume done tokens (CopyTransport.fence)"
+            self.wait_tokens(peers, slot, self.round.k, self.round.sig, stream)
             return
-        assert slot != "done", "token-mode fences consume done tokens (CopyTransport.fence)"
-        self.wait_tokens(peers, slot, self.round.k, self.round.sig, stream)
+        ops = []
+        for peer in peers:
+            if peer in self._passive or slot == "done":
+                waited, value = "done", epoch
+                ops.append(("wait_geq", self._addr[peer] + _HEADER["done"] * SLOT_BYTES, value))
+            else:
+                waited, value = slot, self.tag(epoch)
+                ops.append(("wait_eq", self._addr[peer] + _word(slot, epoch) * SLOT_BYTES, value))
+            self._awaited.append((peer, waited, epoch, value, what))
+        self.engine.batch(stream, ops)
 
     def _read(self, peer: int, word: int) -> int:
         # Flag words hold values < 2**31 in their low half (32-bit writes on NVIDIA).

@@ -67,17 +67,18 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
 
 
 def hip_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
-    """``ops`` (``("write", addr, value)`` / ``("wait_eq", addr, value)``) in order, one
-    call each. Only captured op calls make batches, and they are not built for ROCm
-    (:func:`hip_capture_reason`); ``hipStreamBatchMemOp`` (ROCm 6.4+) would serve them
-    once they are (docs/history.md: hip-python 10.0's parameter struct)."""
+    """``ops`` (``("write", addr, value)`` / ``("wait_eq" | "wait_geq", addr, value)``) in
+    order, one call each (eager calls' waits come here too; captured op calls are not built
+    for ROCm, :func:`hip_capture_reason`). ``hipStreamBatchMemOp`` (ROCm 6.4+) would make
+    them one call (docs/history.md: hip-python 10.0's parameter struct)."""
     for what, addr, value in ops:
         if what == "write":
             hip_write_value(stream, addr, value)
-        elif what == "wait_eq":
-            hip_wait_value(stream, addr, value, equal=True)
+        elif what in ("wait_eq", "wait_geq"):
+            hip_wait_value(stream, addr, value, equal=what == "wait_eq")
         else:
-            raise ValueError(f"hip_batch: operation {what!r}: expected 'write' or 'wait_eq'")
+            raise ValueError(f"hip_batch: operation {what!r}: expected 'write', 'wait_eq' "
+                             "or 'wait_geq'")
 
 
 #: the first ROCm whose stream capture records hipStreamWaitValue / hipStreamWriteValue
