@@ -152,8 +152,8 @@ def test_cuda_calls_are_built_against_the_real_api(monkeypatch):
             # CU_STREAM_MEM_OP_WAIT_VALUE_32 1, CU_STREAM_MEM_OP_WRITE_VALUE_32 2
             assert (int(v.operation), int(v.address), int(v.value), int(v.flags)) == (
                 (2, addr, value, 0) if what == "write" else (1, addr, value - 2 ** 32, 1))
-        with pytest.raises(ValueError, match="'wait_geq'"):
-            cuda_ops.cuda_batch(7, [("wait_geq", 0x4000, 1)])
+        with pytest.raises(ValueError, match="'wait_lt'"):
+            cuda_ops.cuda_batch(7, [("wait_lt", 0x4000, 1)])
         rec_driver.err = 1
         with pytest.raises(CopyEngineError, match="cuStreamWaitValue32 failed.*INVALID_VALUE"):
             cuda_ops.cuda_wait_value(7, 0x3000, 6, equal=True)
