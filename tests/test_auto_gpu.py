@@ -1,7 +1,8 @@
 """RADIANCE_AR_BACKEND=auto on one GPU (W = 2 emulated ranks): a tune run at two M values
 writes a tuning file, the op under ``auto`` is right on every rank against float64, and
-timed as tools/tune.py times a case (one active rank, passive peers) it reproduces the
-best measured row of each accuracy class within noise.
+it runs the best measured row of each accuracy class. Its time, taken as tools/tune.py
+times a case (one active rank, passive peers), is recorded beside the tuned row's, not
+asserted: speed is a benchmark's (tools/gpu_check_auto.sh reports the ratio).
 
 ``--basetemp`` keeps the tune run's file and log and this test's records (auto.json):
 tools/gpu_check_auto.sh passes one under $OUT."""
@@ -32,10 +33,6 @@ DEV = torch.device("cuda", 0)
 W, N, K = 2, 5120, 4352  # compare_backends' GPU shape (one rank's down_proj)
 M_VALUES = (4096, 8192)
 REPS, WARMUP = 10, 3
-#: how much slower than its tuned row the op under auto may be: the tune run and this
-#: test are separate processes, whose op times on the H200 differed by up to ~3% between
-#: runs of one tree (tools/results/2026-12-04-h200-graphs: compare-w4-first vs compare-w4)
-TOLERANCE = 1.05
 
 
 def auto_settings(path: str, accuracy: str, timeout_ms: float = 1000.0) -> OverlapSettings:
@@ -119,9 +116,10 @@ def test_an_unprepared_emulated_call_raises_before_it_enqueues_anything():
         rt.close()
 
 
-def time_auto(path: str, accuracy: str, rows: int) -> tuple[float, float, str]:
-    """(median ms, spread, what replayed) of the op under auto, timed as tune times a case:
-    rank 0 active, its peers passive (tools/emulated_measure.py)."""
+def time_auto(path: str, accuracy: str, rows: int) -> tuple[float, float, str, tuple]:
+    """(median ms, spread, what replayed, (backend, slices) run) of the op under auto,
+    timed as tune times a case: rank 0 active, its peers passive
+    (tools/emulated_measure.py)."""
     world = emulated_worlds(W, DEV)[0]
     rt = overlap.build(world, auto_settings(path, accuracy))
     x, w = world_jobs.device_shards(1, W, rows, N, K, DEV)[0]
@@ -135,12 +133,13 @@ def time_auto(path: str, accuracy: str, rows: int) -> tuple[float, float, str]:
 
     med, spread, _host = gpu_timing.device_and_host_ms(op, REPS, WARMUP)
     replayed = child.graph_reason() or "replayed"
+    ran = (child.backend.name, child.settings.slices)
     rt.close()
     torch.cuda.empty_cache()  # as after every tune case (tools/emulated_measure.py)
-    return med, spread, replayed
+    return med, spread, replayed, ran
 
 
-def test_the_op_under_auto_reproduces_the_best_measured_row(tuned):
+def test_the_op_under_auto_runs_the_best_measured_row(tuned):
     table = tuning.load(tuned)
     records = []
     for accuracy in ACCURACY_CLASSES:
@@ -152,7 +151,8 @@ def test_the_op_under_auto_reproduces_the_best_measured_row(tuned):
                         and (r.backend, r.slices) == ("oneshot_wht6", 1))
             c = tuning.choose(table, W, N, rows, "bf16", accuracy)
             assert (c.backend, c.slices, c.plan) == (best.backend, best.slices, best.plan)
-            med, spread, replayed = time_auto(tuned, accuracy, rows)
+            med, spread, replayed, ran = time_auto(tuned, accuracy, rows)
+            assert ran == (best.backend, best.slices), (accuracy, rows, ran, best.label())
             records.append({"accuracy": accuracy, "M": rows, "choice": best.label(),
                             "tuned_ms": best.t_ms, "auto_ms": med, "auto_spread_ms": spread,
                             "ratio": med / best.t_ms, "base_ms": base.t_ms,
@@ -164,8 +164,3 @@ def test_the_op_under_auto_reproduces_the_best_measured_row(tuned):
     for r in records:
         print(f"{r['accuracy']:<10} {r['M']:<6} {r['choice']:<31} {r['tuned_ms']:8.3f} "
               f"{r['auto_ms']:8.3f} {r['ratio']:6.3f} {r['vs_base']:6.2f}x")
-    for r in records:
-        assert r["ratio"] <= TOLERANCE, r
-        # never slower than the base: a candidate of the quantized class; the exact choice
-        # beat it by 5-20% at every shape of the full H200 tune (the shipped table)
-        assert r["auto_ms"] <= r["base_ms"] * TOLERANCE, r
