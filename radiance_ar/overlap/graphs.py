@@ -8,7 +8,7 @@ second is captured into a CUDA graph and every later one replays it::
 
     host : copy x -> x_static | replay graph | copy out_static -> out      (3 launches)
     graph: prepare | GEMM slices (side) | ARs of the slices (caller, call streams, lane)
-           | the done tokens of every peer                                   (tokens.py)
+           | the done tokens of every peer, one batch | end event          (tokens.py)
 
 What a replay must keep, and how:
 

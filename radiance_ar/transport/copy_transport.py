@@ -373,7 +373,7 @@ class CopyTransport:
         """A graph captured in ``rnd`` was launched on ``stream``: count its bytes and
         give its waits to the host-side bound (:meth:`check`)."""
         self.pulled_bytes += rnd.pulled_bytes
-        self.signals.replayed(rnd.awaited, stream)
+        self.signals.replayed(rnd, stream)
 
     def quiesce(self) -> None:
         """Before buffers are replaced: every peer read done, every enqueued call finished

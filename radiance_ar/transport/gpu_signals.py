@@ -100,27 +100,36 @@ class GpuSignals(Signals):
         self.engine.batch(stream, [("write", self.inbox.address(peer, kind, self.rank, k), value)
                                    for peer in range(self.size) if peer != self.rank])
 
-    def wait_tokens(self, peers: list[int], kind: str, k: int, sig: CallSignature,
+    def wait_tokens(self, peers: list[int], kind: str, calls: list[tuple[int, CallSignature]],
                     stream: int) -> None:
-        """Later work of ``stream`` waits for the token of each of ``peers`` and consumes
-        it: every wait and its reset in one batch (one graph node on CUDA)."""
-        value = token_value(kind, k, sig)
+        """Later work of ``stream`` waits for the token ``kind`` of each of ``peers`` for
+        each (k, signature) of ``calls`` and consumes it: every wait and its reset in one
+        batch (one graph node on CUDA, 1.6-1.9 us of host per replay whatever its size:
+        tools/results/2026-12-04-h200-replay-node-costs/)."""
         ops = []
-        for peer in peers:
-            if peer in self._passive:
-                continue
-            addr = self.inbox.address(self.rank, kind, peer, k)
-            ops += [("wait_eq", addr, value), ("write", addr, 0)]
-            index = (addr - self.inbox.addresses[self.rank]) // SLOT_BYTES
-            self.round.awaited.append(Awaited(index, value, peer, kind, k, sig))
+        for k, sig in calls:
+            value = token_value(kind, k, sig)
+            for peer in peers:
+                if peer in self._passive:
+                    continue
+                addr = self.inbox.address(self.rank, kind, peer, k)
+                ops += [("wait_eq", addr, value), ("write", addr, 0)]
+                index = (addr - self.inbox.addresses[self.rank]) // SLOT_BYTES
+                self.round.awaited.append(Awaited(index, value, peer, kind, k, sig))
         if ops:
             self.engine.batch(stream, ops)
 
-    def replayed(self, awaited: list[Awaited], stream: int) -> None:
-        """A graph holding ``awaited`` was launched on ``stream``: :meth:`check` bounds it."""
-        self._replayed = awaited
+    def replayed(self, rnd: TokenRound, stream: int) -> None:
+        """A graph captured in ``rnd`` was launched on ``stream``: :meth:`check` bounds
+        its waits, by the end event the graph records itself (a 2.0 us node against
+        5.8-10.4 us for a record from the host: tools/results/2026-12-04-h200-replay-node-costs/
+        input_node_and_end_event.json), or one recorded now."""
+        self._replayed = rnd.awaited
         self._awaited.clear()
-        self._record_end(stream)
+        if rnd.end_event is None:
+            self._record_end(stream)
+        else:
+            self._last_event = rnd.end_event
 
     def post(self, slot: str, epoch: int, stream: int) -> None:
         if self.round is not None:
@@ -142,7 +151,7 @@ class GpuSignals(Signals):
         capture, the call's tokens (:meth:`wait_tokens`)."""
         if self.round is not None:
             assert slot != "done", "token-mode fences consume done tokens (CopyTransport.fence)"
-            self.wait_tokens(peers, slot, self.round.k, self.round.sig, stream)
+            self.wait_tokens(peers, slot, [(self.round.k, self.round.sig)], stream)
             return
         ops = []
         for peer in peers:

@@ -89,6 +89,8 @@ class TokenRound:
     pending: list[tuple[int, int, int]] = field(default_factory=list)
     #: bytes the graph pulls per replay (the transport's cumulative count)
     pulled_bytes: int = 0
+    #: recorded by the graph as its last node (CUDA): a replay has ended once it has
+    end_event: Any = None
 
     def begin(self, sig: CallSignature) -> int:
         """A new call of the graph; returns its k."""
@@ -145,6 +147,9 @@ def capture_round(signals: Any, call_streams: Any, peers: list[int],
             yield rnd
             consume_done(signals, rnd, peers, sorted(rnd.unconsumed_done),
                          current_stream_handle(device))
+            if device.type == "cuda":  # the graph's last node: the replay's end (check)
+                rnd.end_event = torch.cuda.Event(external=True)
+                rnd.end_event.record()
     finally:
         call_streams.forget_calls()
 
@@ -160,7 +165,8 @@ def fence(signals: Any, rnd: TokenRound, peers: list[int], lo: int, hi: int,
 
 def consume_done(signals: Any, rnd: TokenRound, peers: list[int], calls: list[int],
                  stream: int) -> None:
-    """``stream`` waits for every peer's done token of each of ``calls``, consuming it."""
-    for k in calls:
-        signals.wait_tokens(peers, "done", k, rnd.unconsumed_done.pop(k), stream)
-
+    """``stream`` waits for every peer's done token of each of ``calls``, consuming it
+    (one batch for all of them)."""
+    if calls:
+        signals.wait_tokens(peers, "done", [(k, rnd.unconsumed_done.pop(k)) for k in calls],
+                            stream)
