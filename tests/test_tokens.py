@@ -10,6 +10,7 @@ from radiance_ar import overlap
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport import tokens
+from radiance_ar.transport.call_streams import CallStreams
 from radiance_ar.transport.gpu_signals import GpuSignals
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.signals import _HEADER as HEADER_WORDS, _word as signals_word
@@ -120,3 +121,35 @@ def test_an_eager_pull_phase_waits_for_every_peer_in_one_batch():
     assert stream == 7 and ops == [("wait_eq", flags.peer(1).data_ptr() + step, tag),
                                    ("wait_eq", flags.peer(2).data_ptr() + step, tag),
                                    ("wait_geq", flags.peer(3).data_ptr() + done, epoch)]
+
+
+def test_the_done_tokens_left_at_a_graphs_end_are_consumed_in_one_batch():
+    # A capture of three calls, each posting its done token to every peer and consuming
+    # none: the round's end waits for (and resets) all 3 x (W - 1) tokens in ONE batch,
+    # one graph node instead of three.
+    size, rank = 4, 2
+    engine = _RecordedOps()
+    signals = GpuSignals(_buffer("flags", FLAG_BYTES, rank, size), rank, size, 1000.0, engine,
+                         "test", lambda: [])
+    inbox = _buffer("inbox", tokens.inbox_bytes(size), rank, size)
+    signals.attach_inbox(inbox)
+    peers = [p for p in range(size) if p != rank]
+    sigs = [CallSignature(96 * (k + 1), 5120, torch.bfloat16, "flags", 384, 4352, 3)
+            for k in range(3)]
+    cpu = torch.device("cpu")
+    with tokens.capture_round(signals, CallStreams(cpu, 1, None), peers, cpu) as rnd:
+        for sig in sigs:
+            with signals.call(sig):
+                signals.post("done", signals.epoch, 5)
+    *posts, (stream, ops) = engine.batches
+    assert len(posts) == 3 and all(what == "write" for _, batch in posts for what, _, _ in batch)
+    base = inbox.peer(rank).data_ptr()
+    expected = []
+    for k, sig in enumerate(sigs):
+        value = tokens.token_value("done", k, sig)
+        for p in peers:
+            addr = base + tokens.word("done", p, k, size) * tokens.WORD_BYTES
+            expected += [("wait_eq", addr, value), ("write", addr, 0)]
+    assert stream == 0 and ops == expected  # the capturing (current) stream
+    assert rnd.unconsumed_done == {} and len(rnd.awaited) == 3 * (size - 1)
+    assert rnd.end_event is None  # recorded by CUDA graphs only
