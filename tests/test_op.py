@@ -8,6 +8,7 @@ import world_jobs
 from radiance_ar.transport.world import single_world
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
+from radiance_ar.overlap.runtime import MAX_LAYER
 
 OP = torch.ops.radiance.linear_ar.default
 
@@ -240,4 +241,14 @@ def test_a_sliced_call_is_planned_once_and_a_new_layer_replans_it():
         forward(runtime, x, w, None, "bf16")
         assert sorted(c.sig.layer for c in runtime.sliced_calls.values())[-1] == 1
         assert keys[-1] == (16, 32, 1)
+    rt.close()
+
+
+def test_layer_numbers_past_what_a_signature_carries_are_refused():
+    rt = overlap.build(single_world("cpu"), OverlapSettings(True, "sdma", 1, 2))
+    rt._layers.update((-1 - i, i + 1) for i in range(MAX_LAYER))  # 65535 layers registered
+    first = torch.ones(2, 2)
+    with pytest.raises(ValueError, match="layer 65536: .* up to 65535"):
+        rt.register_layer(first)
+    assert rt.layer_number(first) == 0  # not registered
     rt.close()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radiance_ar import overlap
-from radiance_ar.call_contract import CallSignature
+from radiance_ar.call_contract import CallSignature, PeerTimeoutError
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport import tokens
 from radiance_ar.transport.call_streams import CallStreams
@@ -153,3 +153,56 @@ def test_the_done_tokens_left_at_a_graphs_end_are_consumed_in_one_batch():
     assert stream == 0 and ops == expected  # the capturing (current) stream
     assert rnd.unconsumed_done == {} and len(rnd.awaited) == 3 * (size - 1)
     assert rnd.end_event is None  # recorded by CUDA graphs only
+
+
+class _StreamBlockedUntil:
+    """A stream's end event that completes once ``ready()`` holds: the stream is blocked on
+    its waits until then (what a released GPU stream does)."""
+
+    def __init__(self, ready):
+        self.query = ready
+
+
+def test_a_timed_out_replay_releases_the_eager_fence_before_it_too():
+    # An eager call's reuse fence (before_replay's), then a graph replayed, nothing checked
+    # in between. The stream is blocked on both: the release must write the fence's done as
+    # well as the graph's tokens, or the stream stays blocked after the error.
+    size, rank = 3, 0
+    engine = _RecordedOps()
+    flags = _buffer("flags", FLAG_BYTES, rank, size)
+    signals = GpuSignals(flags, rank, size, 20.0, engine, "test", lambda: [])
+    inbox = _buffer("inbox", tokens.inbox_bytes(size), rank, size)
+    signals.attach_inbox(inbox)
+    sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 1)
+    with signals.capture_round() as rnd, signals.call(sig):
+        signals.wait_all([1, 2], "ready", signals.epoch, 7, "a test call")
+    with signals.call(sig) as fence_epoch:
+        signals.wait_all([1], "done", fence_epoch, 7, "the fence")
+    peer_done = flags.peer(1).view(torch.int64)[HEADER_WORDS["done"]:HEADER_WORDS["done"] + 1]
+    words = inbox.peer(rank).view(torch.int64)
+
+    def released():
+        return (int(peer_done) >= fence_epoch
+                and all(int(words[a.index]) == a.value for a in rnd.awaited))
+
+    rnd.end_event = _StreamBlockedUntil(released)
+    with signals.call(sig):
+        signals.replayed(rnd, 7)
+    with pytest.raises(PeerTimeoutError, match="did not complete it"):
+        signals.check()
+    assert released() and len(rnd.awaited) == 2
+    assert int(flags.peer(rank).view(torch.int64)[HEADER_WORDS["abort"]]) > 0  # peers told
+
+
+def test_why_calls_are_not_replayed_reaches_the_user_once(caplog):
+    from radiance_ar.overlap import runtime
+
+    rt = overlap.build(single_world("cpu"), OverlapSettings(True, "sdma", 1, 2, graphs="on"))
+    reason = rt.graph_reason()
+    runtime._said.discard(reason)  # said at most once per process: this test says it again
+    with caplog.at_level("INFO", logger="radiance_ar"):
+        assert rt.graphs() is None and rt.graphs() is None
+    said = [r for r in caplog.records if "not replayed" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING"  # "on" asked for replays
+    assert reason in said[0].getMessage()
+    rt.close()

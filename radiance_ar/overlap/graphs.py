@@ -14,8 +14,8 @@ What a replay must keep, and how:
 
 - Flags: a graph's stream operations carry fixed values, so its calls use one-use
   tokens (:mod:`radiance_ar.transport.tokens`), not the eager calls' numbered tags.
-  Each replay still takes a call number on the host and writes its header (the layer,
-  M, K, N), where peers' messages and the abort word read it, and its waits are bounded
+  Each replay still takes a call number on the host and, where the flags are host
+  memory, writes its header (the layer, M, K, N), where peers' messages and the abort word read it, and its waits are bounded
   by the backend's ``check`` like an eager call's.
 - Addresses: x and out are bound by copies into persistent buffers (``x_static``,
   ``out_static``, one pair per shape and shared by the graphs of every layer of that
@@ -95,7 +95,8 @@ class GraphCache:
         return len(self._entries)
 
     def memory(self) -> dict[str, int]:
-        """Bytes the cache holds: persistent inputs and outputs, and graphs."""
+        """What the cache holds: how many graphs, and the bytes of the persistent inputs
+        and outputs (the graphs' own buffers live in the private pool, not counted here)."""
         return {"graphs": len(self._entries),
                 "static_bytes": sum(t.numel() * t.element_size() for t in self._static.values())}
 

@@ -10,6 +10,7 @@ ranks, each with its own runtime.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -25,6 +26,20 @@ from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.overlap.lanes import Lanes
 from radiance_ar.overlap.scratch import ScratchPool
 
+#: the largest layer number a call signature carries (16 bits: CallSignature.words)
+MAX_LAYER = (1 << 16) - 1
+
+_said: set[str] = set()
+
+
+def _say_once_enqueued(reason: str, asked: bool) -> None:
+    """Tell the user once per reason that sliced op calls run step by step, not replayed
+    (a warning where RADIANCE_AR_OP_GRAPHS=on asked for replays)."""
+    if reason not in _said:
+        _said.add(reason)
+        logging.getLogger("radiance_ar").log(
+            logging.WARNING if asked else logging.INFO,
+            "radiance-ar op graphs: sliced calls enqueued step by step, not replayed: %s", reason)
 
 
 @dataclass
@@ -57,7 +72,12 @@ class OverlapRuntime:
         the order of registration, which every rank must share (the vLLM installer
         registers layers in model order). Its calls' signatures carry the number, so a
         rank that skipped a replayed op call meets a mismatch at the next layer."""
-        return self._layers.setdefault(weight.data_ptr(), len(self._layers) + 1)
+        number = self._layers.get(weight.data_ptr(), len(self._layers) + 1)
+        if number > MAX_LAYER:
+            raise ValueError(f"register_layer: layer {number}: a signature carries layer numbers "
+                             f"up to {MAX_LAYER} (16 bits)")
+        self._layers[weight.data_ptr()] = number
+        return number
 
     def remember_sliced_call(self, operands: tuple, call: Any) -> Any:
         """Keep ``call`` (the op's plan and signature of a sliced call) for ``operands``;
@@ -80,7 +100,9 @@ class OverlapRuntime:
     def graphs(self) -> GraphCache | None:
         """The op's captured sliced calls (:mod:`radiance_ar.overlap.graphs`), or None
         where each call is enqueued step by step (:meth:`graph_reason`)."""
-        if self.graph_reason() is not None:
+        reason = self.graph_reason()
+        if reason is not None:
+            _say_once_enqueued(reason, asked=self.settings.graphs == "on")
             return None
         if self._graphs is None:
             self._graphs = GraphCache(self.world.device, self.settings.graphs_max)

@@ -239,9 +239,9 @@ def _auto_choices(report: InstallReport, tp_size: int, route_: Route) -> str | N
         try:
             report.auto[key] = tuning.measured_choices(table, tp_size, *key,
                                                        report.settings.accuracy)
-        except ValueError:
+        except ValueError as e:
             return (f"backend auto: {table.describe()} has no {report.settings.accuracy} row "
-                    f"for tp {tp_size}, N = {key[0]}, producer {key[1]}")
+                    f"for tp {tp_size}, N = {key[0]}, producer {key[1]} ({e})")
     return None
 
 

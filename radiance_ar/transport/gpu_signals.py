@@ -22,7 +22,7 @@ from radiance_ar.transport.copy_engine import CopyEngine, dedicated_stream
 from radiance_ar.transport.runtime_errors import MASK32
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.signals import _HEADER, RING, SLOT_BYTES, Signals, _word
-from radiance_ar.transport.tokens import Awaited, Inbox, TokenRound, token_value
+from radiance_ar.transport.tokens import Awaited, Inbox, TokenRound, token_value, word
 
 
 class GpuSignals(Signals):
@@ -37,11 +37,9 @@ class GpuSignals(Signals):
     #: stream operations compare 32 bits on NVIDIA: the tag hashes epoch and signature
     #: together (a 64-bit host tag would lose its epoch half in a 32-bit write)
     _make_tag = staticmethod(device_tag)
-    #: token inboxes of replayed op calls (:meth:`attach_inbox`), the capture under way,
-    #: and the token waits of the graph replayed last (for :meth:`check`)
+    #: token inboxes of replayed op calls (:meth:`attach_inbox`) and the capture under way
     inbox: Inbox | None = None
     round: TokenRound | None = None
-    _replayed: list[Awaited] = []
 
     def __init__(self, flags: PeerBuffer, rank: int, size: int, timeout_ms: float,
                  engine: CopyEngine, owner: str, dead_peers: Callable[[], list[int]]):
@@ -52,6 +50,11 @@ class GpuSignals(Signals):
         self._last_event: torch.cuda.Event | None = None
         # (peer, slot, epoch, value, what) of the waits enqueued since the last check
         self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
+        #: the token waits of the graph replayed last, if the last call was a replay: what
+        #: :meth:`check` diagnoses and a release writes. Only the last graph's: graphs share
+        #: inbox words (token k of each), so an earlier graph's values written now would
+        #: undo the last one's, and the host cannot see which one its stream is at
+        self._replayed: list[Awaited] = []
         #: the last call a check found complete (a peer's abort of a later one: see check)
         self._checked_epoch = 0
 
@@ -68,7 +71,8 @@ class GpuSignals(Signals):
     @contextlib.contextmanager
     def capture_round(self) -> Iterator[TokenRound]:
         """While a graph of op calls is captured: calls post and wait tokens, take no call
-        number and record no event (nothing runs now); host state is as before afterwards.
+        number and record no host event (the round records the graph's own end event:
+        :func:`radiance_ar.transport.tokens.capture_round`); host state is as before afterwards.
         Host-visible flags: the header's ``capturing`` word names the call captured, for
         peers that replay it meanwhile (:meth:`check`), until the replay that follows the
         capture takes its number (or the capture fails)."""
@@ -104,8 +108,8 @@ class GpuSignals(Signals):
                     stream: int) -> None:
         """Later work of ``stream`` waits for the token ``kind`` of each of ``peers`` for
         each (k, signature) of ``calls`` and consumes it: every wait and its reset in one
-        batch (one graph node on CUDA, 1.6-1.9 us of host per replay whatever its size:
-        tools/results/2026-12-04-h200-replay-node-costs/)."""
+        batch (one graph node on CUDA per 255 operations, 1.6-1.9 us of host per replay
+        whatever its size: tools/results/2026-12-04-h200-replay-node-costs/)."""
         ops = []
         for k, sig in calls:
             value = token_value(kind, k, sig)
@@ -114,18 +118,19 @@ class GpuSignals(Signals):
                     continue
                 addr = self.inbox.address(self.rank, kind, peer, k)
                 ops += [("wait_eq", addr, value), ("write", addr, 0)]
-                index = (addr - self.inbox.addresses[self.rank]) // SLOT_BYTES
-                self.round.awaited.append(Awaited(index, value, peer, kind, k, sig))
+                self.round.awaited.append(Awaited(word(kind, peer, k, self.size), value, peer,
+                                                  kind, k, sig))
         if ops:
             self.engine.batch(stream, ops)
 
     def replayed(self, rnd: TokenRound, stream: int) -> None:
         """A graph captured in ``rnd`` was launched on ``stream``: :meth:`check` bounds
         its waits, by the end event the graph records itself (a 2.0 us node against
-        5.8-10.4 us for a record from the host: tools/results/2026-12-04-h200-replay-node-costs/
-        input_node_and_end_event.json), or one recorded now."""
+        5.8-10.4 us for a record from the host: input_node_and_end_event.json and
+        host_pieces.json of tools/results/2026-12-04-h200-replay-node-costs/), or one
+        recorded now. The eager waits before it (the reuse fence of ``before_replay``)
+        stay in the release set."""
         self._replayed = rnd.awaited
-        self._awaited.clear()
         if rnd.end_event is None:
             self._record_end(stream)
         else:
@@ -217,8 +222,7 @@ class GpuSignals(Signals):
                 self._drain()
                 raise error
             time.sleep(5e-5)
-        self._awaited.clear()
-        self._replayed = []
+        self._forget_waits()
         self._raise_if_released_by_a_peer()
 
     def _peer_capturing(self) -> bool:
@@ -257,6 +261,10 @@ class GpuSignals(Signals):
         """Write every value a wait enqueued since the last :meth:`check` awaits (host-visible
         flags only): no stream stays blocked, whatever the peers did (tests' clean-up)."""
         self._write_awaited(only_unsatisfied=False)
+        self._forget_waits()
+
+    def _forget_waits(self) -> None:
+        """Every wait enqueued so far finished (or was released): none is bounded any more."""
         self._awaited.clear()
         self._replayed = []
 
@@ -285,8 +293,7 @@ class GpuSignals(Signals):
         while not self._last_event.query() and time.monotonic() < deadline:
             self._write_awaited(only_unsatisfied=True)
             time.sleep(5e-4)
-        self._awaited.clear()
-        self._replayed = []
+        self._forget_waits()
 
     def _satisfied(self, peer: int, slot: str, epoch: int, value: int) -> bool:
         seen = self._read(peer, _word(slot, epoch))

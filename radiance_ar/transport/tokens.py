@@ -5,9 +5,9 @@ capture. The eager protocol's tags carry the call number (:mod:`radiance_ar.tran
 and would repeat stale on a replay, so the calls of a captured op call use tokens
 instead, as NCCL's copy-engine collectives do:
 
-- every rank owns an INBOX of 32-bit words; sender p's token of kind ``ready``,
-  ``reduced`` or ``done`` for the k-th call of the graph lands in word (kind, p, k) of the
-  receiver's inbox;
+- every rank owns an INBOX of int64 words, whose low 32 bits stream operations write and
+  compare; sender p's token of kind ``ready``, ``reduced`` or ``done`` for the k-th call
+  of the graph lands in word (kind, p, k) of the receiver's inbox;
 - the sender posts it with a stream write-value of a fixed value into the receiver's
   inbox; the receiver's stream waits until its word equals that value, then writes 0
   back: each token is consumed exactly once, so a later replay's wait cannot pass on an
@@ -149,7 +149,7 @@ def capture_round(signals: Any, call_streams: Any, peers: list[int],
                          current_stream_handle(device))
             if device.type == "cuda":  # the graph's last node: the replay's end (check)
                 rnd.end_event = torch.cuda.Event(external=True)
-                rnd.end_event.record()
+                rnd.end_event.record(torch.cuda.current_stream(device))
     finally:
         call_streams.forget_calls()
 
@@ -166,7 +166,7 @@ def fence(signals: Any, rnd: TokenRound, peers: list[int], lo: int, hi: int,
 def consume_done(signals: Any, rnd: TokenRound, peers: list[int], calls: list[int],
                  stream: int) -> None:
     """``stream`` waits for every peer's done token of each of ``calls``, consuming it
-    (one batch for all of them)."""
+    (one batch for all of them: a graph node per 255 operations)."""
     if calls:
         signals.wait_tokens(peers, "done", [(k, rnd.unconsumed_done.pop(k)) for k in calls],
                             stream)
