@@ -139,6 +139,8 @@ def _plain_float(text: str) -> float | None:
 #: arrive; past 10 minutes a missing peer looks like a hang (1e300 ms is one), which is
 #: what the bound exists to prevent.
 SPIN_TIMEOUT_MS_RANGE = (1.0, 600_000.0)
+#: RADIANCE_AR_WATCHDOG_S's sanity bound: a day; a stall past it is a hang by any measure
+WATCHDOG_S_MAX = 86_400.0
 #: Upper bounds of the integer knobs, as sanity limits rather than tuned values: at 64
 #: slices a 2048-row prefill is already cut into 32-row slices, each still paying its own
 #: launches and flag waits; 1024 CTAs is several times the SM count of current GPUs (132
@@ -248,6 +250,13 @@ KNOBS: dict[str, Knob] = {
              "pulls overlap the previous call's reduce and waits "
              "(`radiance_ar/transport/call_streams.py`)",
              lo=1, hi=MAX_CALL_STREAMS, field="sdma_call_streams"),
+        Knob("RADIANCE_AR_WATCHDOG_S", float, 300.0,
+             "seconds a GPU rank's newest collective call may stay unfinished while its host "
+             "enqueues nothing more, before the process stops (SIGABRT after logging who is "
+             "missing, `radiance_ar/transport/watchdog.py`): a missing peer ends the job "
+             "instead of leaving GPUs waiting for good. Where each rank is a process on a GPU "
+             "(gpu-host, gpu-symm); `0` turns it off",
+             lo=0.0, hi=WATCHDOG_S_MAX, field="watchdog_s"),
     )
 }
 

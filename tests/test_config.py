@@ -20,6 +20,7 @@ BAD_VALUES = {
     "RADIANCE_AR_SDMA_REDUCE_CTAS": ["-1", "1025", "two", "1.0"],
     "RADIANCE_AR_SDMA_CALL_STREAMS": ["0", "3", "two", ""],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": ["0", "-1", "nan", "inf", "soon", "1e300", "1e-9"],
+    "RADIANCE_AR_WATCHDOG_S": ["-1", "nan", "inf", "5 min", "1e9"],
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
     "RADIANCE_AR_OP_GRAPHS": ["2", "no", "1", "ON"],
     "RADIANCE_AR_OP_GRAPHS_MAX": ["0", "4097", "-1", "many"],
@@ -69,6 +70,7 @@ BAD_SETTINGS = {
     "oneshot_ctas": [0, 1025, -1, 2.0, True, "32", None],
     "sdma_reduce_ctas": [-1, 1025, 2.0, True, "0", None],
     "sdma_call_streams": [0, 3, 1.0, False, "2", None],
+    "watchdog_s": [-1, 86_400.5, float("nan"), float("inf"), True, "300", None],
 }
 
 
@@ -211,6 +213,7 @@ PADDED = {
     "RADIANCE_AR_SDMA_REDUCE_CTAS": [(" 264 ", 264)],
     "RADIANCE_AR_SDMA_CALL_STREAMS": [(" 1\n", 1)],
     "RADIANCE_AR_SPIN_TIMEOUT_MS": [(" 2.5\n", 2.5)],
+    "RADIANCE_AR_WATCHDOG_S": [(" 0\n", 0.0), ("\t600 ", 600.0)],
     "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
     "RADIANCE_AR_OP_GRAPHS": [(" off ", "off")],
     "RADIANCE_AR_OP_GRAPHS_MAX": [(" 8\n", 8)],
@@ -359,7 +362,7 @@ EVERY_KNOB_SET = {
     "RADIANCE_AR_OVERLAP_SLICES": "8", "RADIANCE_AR_OVERLAP_PLAN": "growing",
     "RADIANCE_AR_OP_GRAPHS": "off", "RADIANCE_AR_OP_GRAPHS_MAX": "8",
     "RADIANCE_AR_PEER_MEMORY": "host", "RADIANCE_AR_SPIN_TIMEOUT_MS": "250",
-    "RADIANCE_AR_SDMA_SCHEDULE": "twoshot", "RADIANCE_AR_ONESHOT_CTAS": "36",
+    "RADIANCE_AR_WATCHDOG_S": "600", "RADIANCE_AR_SDMA_SCHEDULE": "twoshot", "RADIANCE_AR_ONESHOT_CTAS": "36",
     "RADIANCE_AR_SDMA_REDUCE_CTAS": "64", "RADIANCE_AR_SDMA_CALL_STREAMS": "1",
 }
 

@@ -11,11 +11,10 @@ from radiance_ar.call_contract import CallSignature, PeerTimeoutError
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport import tokens
 from radiance_ar.transport.call_streams import CallStreams
-from radiance_ar.transport.gpu_signals import GpuSignals
-from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.signals import _HEADER as HEADER_WORDS, _word as signals_word
-from radiance_ar.transport.signals import FLAG_BYTES, SLOT_BYTES
+from radiance_ar.transport.signals import SLOT_BYTES
 from radiance_ar.transport.world import single_world
+from signal_fakes import StreamBlockedUntil, gpu_signals
 
 
 @pytest.mark.parametrize("size", [2, 3, 8])
@@ -60,33 +59,12 @@ def test_cpu_worlds_enqueue_each_call_and_say_why():
     rt.close()
 
 
-class _RecordedOps:
-    """The stream-operation side of a copy engine, recorded: what a capture enqueues."""
-
-    def __init__(self):
-        self.batches = []
-
-    def device_address(self, t: torch.Tensor) -> int:
-        return t.data_ptr()
-
-    def batch(self, stream: int, ops: list) -> None:
-        self.batches.append((stream, list(ops)))
-
-
-def _buffer(name: str, nbytes: int, rank: int, size: int) -> PeerBuffer:
-    return PeerBuffer(name, nbytes, rank, [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(size)])
-
-
 @pytest.mark.parametrize("size", [2, 4, 8])
 def test_a_captured_pull_phase_waits_for_every_peer_in_one_batch(size):
     # One batched stream memory operation is one graph node, and each such node costs the
     # host about 2 us per replay: the W - 1 waits of a phase must not be W - 1 nodes.
     rank = 1
-    engine = _RecordedOps()
-    signals = GpuSignals(_buffer("flags", FLAG_BYTES, rank, size), rank, size, 1000.0, engine,
-                         "test", lambda: [])
-    inbox = _buffer("inbox", tokens.inbox_bytes(size), rank, size)
-    signals.attach_inbox(inbox)
+    signals, _, inbox, engine = gpu_signals(size, rank)
     sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 3)
     peers = [p for p in range(size) if p != rank]
     with signals.capture_round() as rnd, signals.call(sig):
@@ -107,9 +85,7 @@ def test_an_eager_pull_phase_waits_for_every_peer_in_one_batch():
     # The same phase outside a capture: each active peer's step tag (EQ), a passive peer's
     # done counter (GEQ, as a passive peer posts no steps), one stream operation call.
     size, rank = 4, 0
-    engine = _RecordedOps()
-    flags = _buffer("flags", FLAG_BYTES, rank, size)
-    signals = GpuSignals(flags, rank, size, 1000.0, engine, "test", lambda: [])
+    signals, flags, _, engine = gpu_signals(size, rank)
     signals._passive = {3}
     sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 3)
     with signals.call(sig) as epoch:
@@ -128,11 +104,7 @@ def test_the_done_tokens_left_at_a_graphs_end_are_consumed_in_one_batch():
     # none: the round's end waits for (and resets) all 3 x (W - 1) tokens in ONE batch,
     # one graph node instead of three.
     size, rank = 4, 2
-    engine = _RecordedOps()
-    signals = GpuSignals(_buffer("flags", FLAG_BYTES, rank, size), rank, size, 1000.0, engine,
-                         "test", lambda: [])
-    inbox = _buffer("inbox", tokens.inbox_bytes(size), rank, size)
-    signals.attach_inbox(inbox)
+    signals, _, inbox, engine = gpu_signals(size, rank)
     peers = [p for p in range(size) if p != rank]
     sigs = [CallSignature(96 * (k + 1), 5120, torch.bfloat16, "flags", 384, 4352, 3)
             for k in range(3)]
@@ -155,24 +127,12 @@ def test_the_done_tokens_left_at_a_graphs_end_are_consumed_in_one_batch():
     assert rnd.end_event is None  # recorded by CUDA graphs only
 
 
-class _StreamBlockedUntil:
-    """A stream's end event that completes once ``ready()`` holds: the stream is blocked on
-    its waits until then (what a released GPU stream does)."""
-
-    def __init__(self, ready):
-        self.query = ready
-
-
 def test_a_timed_out_replay_releases_the_eager_fence_before_it_too():
     # An eager call's reuse fence (before_replay's), then a graph replayed, nothing checked
     # in between. The stream is blocked on both: the release must write the fence's done as
     # well as the graph's tokens, or the stream stays blocked after the error.
     size, rank = 3, 0
-    engine = _RecordedOps()
-    flags = _buffer("flags", FLAG_BYTES, rank, size)
-    signals = GpuSignals(flags, rank, size, 20.0, engine, "test", lambda: [])
-    inbox = _buffer("inbox", tokens.inbox_bytes(size), rank, size)
-    signals.attach_inbox(inbox)
+    signals, flags, inbox, _ = gpu_signals(size, rank, timeout_ms=20.0)
     sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 1)
     with signals.capture_round() as rnd, signals.call(sig):
         signals.wait_all([1, 2], "ready", signals.epoch, 7, "a test call")
@@ -185,7 +145,7 @@ def test_a_timed_out_replay_releases_the_eager_fence_before_it_too():
         return (int(peer_done) >= fence_epoch
                 and all(int(words[a.index]) == a.value for a in rnd.awaited))
 
-    rnd.end_event = _StreamBlockedUntil(released)
+    rnd.end_event = StreamBlockedUntil(released)
     with signals.call(sig):
         signals.replayed(rnd, 7)
     with pytest.raises(PeerTimeoutError, match="did not complete it"):

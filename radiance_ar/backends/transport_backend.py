@@ -2,7 +2,8 @@
 
 ``sdma`` and ``sdma_wht6`` each hold one :class:`~radiance_ar.transport.copy_transport.CopyTransport`
 (``self.transport``) and use only its public interface. This base picks the schedule
-from the settings, gates the world, sets where the transport holds compute units, and
+from the settings, gates the world, sets where the transport holds compute units, runs
+the watchdog where ranks are GPU processes (:mod:`radiance_ar.transport.watchdog`), and
 forwards the contract's fault, timing and memory calls (``check``, ``resync``,
 ``close``, ``start_trace``/``stop_trace``) to the transport. What a call computes, and
 in which schedule, is each backend's own.
@@ -24,6 +25,7 @@ from radiance_ar.backends.sdma_schedule import COMPUTE_UNITS
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.transport.tokens import TokenRound
 from radiance_ar.transport.trace import StepTrace
+from radiance_ar.transport.watchdog import Watchdog, watchdog_reason
 from radiance_ar.transport.world import KINDS, MAX_WORLD, World
 
 
@@ -80,6 +82,11 @@ class TransportBackend(Backend):
                                        stage_reduced=self.stage_reduced,
                                        call_streams=streams)
         self.signals = self.transport.signals
+        #: the thread that stops this process when its calls stall for RADIANCE_AR_WATCHDOG_S
+        #: (radiance_ar/transport/watchdog.py), or why there is none
+        self.watchdog_reason = watchdog_reason(world.kind, self.settings.watchdog_s)
+        self.watchdog = (Watchdog(self.signals, self.settings.watchdog_s)
+                         if self.watchdog_reason is None and self.signals is not None else None)
 
     def may_use_twoshot(self) -> bool:
         """Whether a call of this instance can run two-shot (then ``red`` is allocated)."""
@@ -130,6 +137,9 @@ class TransportBackend(Backend):
         self.transport.resync()
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
+            self.watchdog = None
         self.transport.close()
 
     def replay_reason(self, forced: bool = False) -> str | None:

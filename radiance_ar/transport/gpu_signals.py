@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -37,6 +37,8 @@ class GpuSignals(Signals):
     #: stream operations compare 32 bits on NVIDIA: the tag hashes epoch and signature
     #: together (a 64-bit host tag would lose its epoch half in a 32-bit write)
     _make_tag = staticmethod(device_tag)
+    #: the events that mark a call's end (tests of the host-side logic give a fake)
+    EVENT_TYPE: Any = torch.cuda.Event
     #: token inboxes of replayed op calls (:meth:`attach_inbox`) and the capture under way
     inbox: Inbox | None = None
     round: TokenRound | None = None
@@ -55,6 +57,8 @@ class GpuSignals(Signals):
         #: inbox words (token k of each), so an earlier graph's values written now would
         #: undo the last one's, and the host cannot see which one its stream is at
         self._replayed: list[Awaited] = []
+        #: calls whose end was enqueued so far, eager or replayed (the watchdog's progress)
+        self.ends = 0
         #: the last call a check found complete (a peer's abort of a later one: see check)
         self._checked_epoch = 0
 
@@ -135,6 +139,7 @@ class GpuSignals(Signals):
             self._record_end(stream)
         else:
             self._last_event = rnd.end_event
+            self.ends += 1
 
     def post(self, slot: str, epoch: int, stream: int) -> None:
         if self.round is not None:
@@ -197,10 +202,26 @@ class GpuSignals(Signals):
 
     def _record_end(self, stream: int) -> None:
         if len(self._events) < self.EVENT_RING:
-            self._events.append(torch.cuda.Event())
+            self._events.append(self.EVENT_TYPE())
         event = self._events[self.epoch % len(self._events)]
         event.record(self.engine.stream(stream))
         self._last_event = event
+        self.ends += 1
+
+    def last_call(self) -> tuple[Any, int]:
+        """The event that completes with the newest call enqueued (None: no call yet), and
+        how many calls were enqueued so far (:mod:`radiance_ar.transport.watchdog`)."""
+        return self._last_event, self.ends
+
+    def stalled(self, waited_s: float) -> Exception:
+        """The watchdog's verdict on the newest call, unfinished for ``waited_s`` with nothing
+        enqueued after it: the error naming who is missing, recorded as this rank's fault
+        with its abort word set (peers that check raise). Its stream is NOT released."""
+        waited_ms = waited_s * 1000.0
+        error = (self._diagnose_tokens(waited_ms, releasing=False) if self._replayed
+                 else self._diagnose(waited_ms, releasing=False))
+        self.fail(error)
+        return error
 
     def check(self, timeout_ms: float | None = None) -> None:
         if self._last_event is None:
@@ -306,12 +327,13 @@ class GpuSignals(Signals):
         peer_epoch, sig, _ = self.peer_header(peer)
         return peer_epoch == epoch and sig is not None and self._make_tag(epoch, sig) == value
 
-    def _diagnose(self, waited_ms: float) -> Exception:
+    def _diagnose(self, waited_ms: float, releasing: bool = True) -> Exception:
         """The error a call that did not finish within the bound raises: who is missing
-        (a peer that gave up, one in another call, or one that never posted)."""
+        (a peer that gave up, one in another call, or one that never posted); ``releasing``:
+        the message says the stream is released (:meth:`_drain` follows)."""
         released = (" The blocked stream was released by writing the awaited flag values "
                     "(so the GPU is not left hung); results of that call are garbage."
-                    if self._host_visible else "")
+                    if self._host_visible and releasing else "")
         stuck = [a for a in self._awaited if not self._satisfied(*a[:4])]
         dead = self.dead_error(stuck[0][4] if stuck else "a call")
         if dead is not None:  # named before a live peer that waits on it
@@ -333,7 +355,7 @@ class GpuSignals(Signals):
         return PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what, waited_ms)
                                 + also + released)
 
-    def _diagnose_tokens(self, waited_ms: float) -> Exception:
+    def _diagnose_tokens(self, waited_ms: float, releasing: bool = True) -> Exception:
         """The error of a replayed op call that did not finish within the bound. A consumed
         token reads 0 like one never posted, so the inbox tells only a peer that posted
         ANOTHER call's token (a mismatch); otherwise the peers' headers (written per
@@ -342,7 +364,7 @@ class GpuSignals(Signals):
         mine = f"rank {self.rank} is in call {self.epoch}: a replayed op call, {sig.describe()}"
         released = (" The blocked stream was released by writing the awaited tokens (so the "
                     "GPU is not left hung); results of that call are garbage."
-                    if self._host_visible else "")
+                    if self._host_visible and releasing else "")
         dead = self.dead_error("a replayed op call")
         if dead is not None:
             return type(dead)(str(dead) + released)

@@ -1,0 +1,110 @@
+"""The watchdog (radiance_ar.transport.watchdog) on the CPU: where it runs, when a stall
+stops the process and when progress does not, the error it names, its own thread, and
+the real SIGABRT of a process it stops. Its signals are GpuSignals over host flags with
+recorded stream operations and events the test completes (tests/signal_fakes.py)."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from radiance_ar.call_contract import CallSignature, ResyncRequiredError
+from radiance_ar.transport.signals import _HEADER as HEADER_WORDS
+from radiance_ar.transport.watchdog import Watchdog, watchdog_reason
+from signal_fakes import StreamBlockedUntil, gpu_signals
+
+SIG = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 7)
+
+
+def test_it_runs_where_each_rank_is_a_process_on_a_gpu():
+    assert watchdog_reason("gpu-host", 300.0) is None
+    assert watchdog_reason("gpu-symm", 0.5) is None
+    assert watchdog_reason("gpu-host", 0.0) == "RADIANCE_AR_WATCHDOG_S=0"
+    assert "one host thread drives every rank" in watchdog_reason("gpu-emulated", 300.0)
+    for kind in ("cpu-shm", "single"):
+        assert "RADIANCE_AR_SPIN_TIMEOUT_MS" in watchdog_reason(kind, 300.0)
+    with pytest.raises(ValueError, match="limit_s 0: expected seconds > 0"):
+        Watchdog(None, 0, start=False)
+
+
+class Stalled:
+    """Rank 0 of 2 with a watchdog of ``limit`` s on a clock the test moves, whose calls
+    finish when ``self.done`` says."""
+
+    def __init__(self, limit: float = 5.0):
+        self.signals, self.flags, _, _ = gpu_signals(2, 0)
+        self.done = False
+        self.signals.EVENT_TYPE = lambda: StreamBlockedUntil(lambda: self.done)
+        self.now, self.stops = 0.0, []
+        self.dog = Watchdog(self.signals, limit, stop=self.stops.append, clock=lambda: self.now,
+                            start=False)
+
+    def call(self) -> None:
+        """An eager call waiting for peer 1's ready flag, its end enqueued."""
+        with self.signals.call(SIG) as epoch:
+            self.signals.wait_all([1], "ready", epoch, 7, "the test's call")
+            self.signals.end_call(7)
+
+    def poll_at(self, t: float) -> bool:
+        self.now = t
+        return self.dog.poll()
+
+
+def test_a_stalled_call_stops_the_process_naming_the_missing_peer():
+    s = Stalled()
+    assert not s.poll_at(0.0)  # no call yet
+    s.call()
+    assert [s.poll_at(t) for t in (1.0, 5.9)] == [False, False]  # the clock starts at 1.0
+    assert s.poll_at(6.1) and len(s.stops) == 1
+    message = s.stops[0]
+    assert "peer rank 1 did not post flag 'ready' for call (epoch) 1 of the test's call" in message
+    assert "released" not in message  # the watchdog stops; it does not release
+    assert s.dog.fired == message
+    assert int(s.flags.peer(0).view(torch.int64)[HEADER_WORDS["abort"]]) == 1  # peers told
+    with pytest.raises(ResyncRequiredError, match="PeerTimeoutError"):
+        s.call()  # this rank refuses every call after it
+
+
+def test_progress_is_a_new_call_or_the_newest_one_finishing():
+    s = Stalled()
+    s.call()
+    assert not s.poll_at(0.0)
+    s.call()  # the host enqueued more: it is not stalled, it runs ahead of its GPU
+    assert [s.poll_at(t) for t in (4.0, 8.9)] == [False, False]
+    s.done = True  # the stream caught up
+    assert not s.poll_at(100.0)
+    s.done = False
+    s.call()
+    assert [s.poll_at(t) for t in (200.0, 204.9, 205.1)] == [False, False, True]
+    assert not any("released" in m for m in s.stops) and len(s.stops) == 1
+
+
+def test_its_thread_stops_a_stall_on_its_own():
+    signals, _, _, _ = gpu_signals(2, 0)
+    signals.EVENT_TYPE = StreamBlockedUntil  # never finishes
+    stops = []
+    dog = Watchdog(signals, 0.3, stop=stops.append)
+    try:
+        with signals.call(SIG) as epoch:
+            signals.wait_all([1], "ready", epoch, 7, "the test's call")
+            signals.end_call(7)
+        start = time.monotonic()
+        while not stops and time.monotonic() - start < 5.0:
+            time.sleep(0.01)
+        took = time.monotonic() - start
+    finally:
+        dog.close()
+    assert len(stops) == 1 and "peer rank 1" in stops[0]
+    assert 0.3 <= took < 0.3 + 4 * Watchdog.POLL_S + 0.5, took  # the limit, then a few looks
+
+
+def test_a_stopped_process_dies_by_sigabrt_with_the_reason_on_stderr():
+    code = ("from radiance_ar.transport.watchdog import stop_process; "
+            "stop_process('rank 0: peer rank 1 did not post flag ready.')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -6, (proc.returncode, proc.stderr)  # SIGABRT
+    assert "radiance-ar watchdog: rank 0: peer rank 1 did not post flag ready." in proc.stderr
+    assert "RADIANCE_AR_WATCHDOG_S sets the limit" in proc.stderr
