@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from radiance_ar import overlap
 from radiance_ar.envs import BackendSettings
+from radiance_ar.transport.signals import _HEADER
 from radiance_ar.transport.world import World
 from radiance_ar.overlap.config import OverlapSettings
 from world_jobs import reference, rel_rms, shard
@@ -189,3 +190,26 @@ def killed_peer_job(world: World, backend: str, timeout_ms: float) -> dict:
     res = {"calls": [_call(rt, world, 64, 32, seed=12)],
            "dir": getattr(world.memory, "_dir", None)}
     return res
+
+
+def unchecked_stall_job(world: World, backend: str, limit_s: float) -> dict:
+    """What a serving engine does (GPU ranks in processes): after a good call, rank 0 makes
+    a call its peers never make, checks nothing and blocks on the device, as a sampler's
+    copy of its tokens would. Its watchdog must stop it (SIGABRT) after ``limit_s`` s, its
+    abort word set first; the other ranks watch for its process to exit and report."""
+    rt = overlap.build(world, OverlapSettings(True, backend, MIN_M, SLICES, BackendSettings(
+        spin_timeout_ms=FIRST_CALL_BOUND_MS, watchdog_s=limit_s)))
+    warm = _call(rt, world, 64, 64, seed=0)
+    assert "error" not in warm and warm["rel"] <= warm["bound"], warm
+    dist.barrier(group=world.group)
+    if world.rank == 0:
+        x, w = (t.to(world.device) for t in shard(5, world.rank, 64, N, 64))
+        overlap.forward(rt, x, w, None, "bf16")
+        torch.cuda.synchronize()  # never returns: the watchdog stops this process
+        return {"returned": True}
+    start = time.monotonic()
+    while 0 not in world.memory.dead_peers() and time.monotonic() - start < limit_s + 60:
+        time.sleep(0.05)
+    return {"after_s": time.monotonic() - start, "dead": world.memory.dead_peers(),
+            "abort": rt.backend.signals._read(0, _HEADER["abort"]),
+            "dir": getattr(world.memory, "_dir", None)}

@@ -144,6 +144,23 @@ def test_a_killed_peer_raises_on_every_survivor_within_the_bound_and_leaves_noth
     assert not os.path.exists(res[0]["dir"]), os.listdir(res[0]["dir"])
 
 
+def test_a_call_that_stalls_unchecked_stops_its_process_through_the_watchdog():
+    # Inside a serving engine nothing calls check(): rank 0 blocks on the device behind a
+    # call its peer never makes, and only its watchdog can end that. The limit is above a
+    # first call's kernel compilation (up to 6.1 s here), which the watchdog cannot tell
+    # from a missing peer.
+    limit_s = 20.0
+    with host_pool(2) as pool:
+        procs = list(pool._procs)
+        res = pool.run(misuse_jobs.unchecked_stall_job, "sdma", limit_s, dying=(0,),
+                       timeout_s=limit_s + 120)
+    assert res[0] is None and procs[0].exitcode == -6, procs[0].exitcode  # SIGABRT
+    seen = res[1]
+    assert seen["dead"] == [0] and seen["abort"] > 0, seen  # the abort word came first
+    assert limit_s <= seen["after_s"] < limit_s + 15, seen
+    assert seen["dir"] and not os.path.exists(seen["dir"])  # rank 0's stop removed it
+
+
 @pytest.mark.parametrize("size,backend", [(2, "sdma"), (2, "oneshot_wht6"), (4, "sdma_wht6")])
 def test_a_thousand_calls_keep_memory_flat(pools, size, backend):
     rows, cols, k, calls = 256, N, K, 1000

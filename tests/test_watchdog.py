@@ -100,11 +100,19 @@ def test_its_thread_stops_a_stall_on_its_own():
     assert 0.3 <= took < 0.3 + 4 * Watchdog.POLL_S + 0.5, took  # the limit, then a few looks
 
 
-def test_a_stopped_process_dies_by_sigabrt_with_the_reason_on_stderr():
-    code = ("from radiance_ar.transport.watchdog import stop_process; "
-            "stop_process('rank 0: peer rank 1 did not post flag ready.')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+def test_a_stopped_process_removes_its_job_directory_and_dies_by_sigabrt(tmp_path):
+    # the directory rank 0 of a gpu-host job made (SharedFileMemory registers its removal)
+    job = tmp_path / "radiance-ar-job"
+    job.mkdir(mode=0o700)
+    code = ("import shutil, sys, weakref\n"
+            "from radiance_ar.transport.watchdog import run_at_stop, stop_process\n"
+            "class Owner: pass\n"
+            "owner = Owner()\n"
+            "run_at_stop(weakref.finalize(owner, shutil.rmtree, sys.argv[1]))\n"
+            "stop_process('rank 0: peer rank 1 did not post flag ready.')\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(job)], capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == -6, (proc.returncode, proc.stderr)  # SIGABRT
     assert "radiance-ar watchdog: rank 0: peer rank 1 did not post flag ready." in proc.stderr
     assert "RADIANCE_AR_WATCHDOG_S sets the limit" in proc.stderr
+    assert not job.exists()

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from radiance_ar.transport.watchdog import run_at_stop
+
 
 @dataclass
 class PeerBuffer:
@@ -111,7 +113,8 @@ class SharedFileMemory(PeerMemory):
     Each rank unlinks its file once every rank has mapped it, or when the allocation
     fails (a peer gone, a collective timed out). Rank 0 removes the directory, with
     anything a killed rank left in it, at :meth:`close`, on garbage collection or at
-    interpreter exit; only a rank 0 killed outright leaves it behind (still mode 0700).
+    interpreter exit, or when its watchdog stops it (radiance_ar/transport/watchdog.py);
+    only a rank 0 killed outright leaves it behind (still mode 0700).
     """
 
     kind = "cpu-shm"
@@ -127,6 +130,7 @@ class SharedFileMemory(PeerMemory):
                 # Only the creator removes it; a finalizer (unlike __del__) also runs at exit.
                 self._finalizer = weakref.finalize(self, shutil.rmtree, shared[0],
                                                    ignore_errors=True)
+                run_at_stop(self._finalizer)  # a watchdog's stop removes it too
                 os.chmod(shared[0], 0o700)  # exactly 0700 whatever the umask: peers check it
             except Exception as e:  # noqa: BLE001 -- the peers wait in the broadcast
                 shared[1] = f"{type(e).__name__}: {e}"

@@ -53,13 +53,26 @@ def watchdog_reason(kind: str, limit_s: float) -> str | None:
     return None
 
 
+#: what a stop removes first (:func:`run_at_stop`): ``weakref.finalize`` objects, each
+#: run once whoever calls it first
+_at_stop: list[weakref.finalize] = []
+
+
+def run_at_stop(cleanup: weakref.finalize) -> None:
+    """Have :func:`stop_process` run ``cleanup`` before it stops the process (rank 0's job
+    directory: the job's shared files are unlinked once mapped, the directory at exit)."""
+    _at_stop[:] = [c for c in _at_stop if c.alive] + [cleanup]
+
+
 def stop_process(message: str) -> None:
-    """Log ``message`` as the reason and stop this process with SIGABRT (no Python
-    clean-up runs: the job's shared files were unlinked once mapped, and the driver drops
-    the GPU context and its registrations with the process)."""
+    """Log ``message`` as the reason, run the clean-ups of :func:`run_at_stop` and stop this
+    process with SIGABRT (no other Python clean-up runs; the driver drops the GPU context
+    and its host registrations with the process)."""
     log = logging.getLogger("radiance_ar")
     log.critical("radiance-ar watchdog: %s Stopping this process (SIGABRT); "
                  "RADIANCE_AR_WATCHDOG_S sets the limit, 0 turns the watchdog off.", message)
+    for cleanup in _at_stop:
+        cleanup()
     for handler in log.handlers + logging.getLogger().handlers:
         handler.flush()
     os.abort()
