@@ -334,7 +334,8 @@ class GpuSignals(Signals):
         released = (" The blocked stream was released by writing the awaited flag values "
                     "(so the GPU is not left hung); results of that call are garbage."
                     if self._host_visible and releasing else "")
-        stuck = [a for a in self._awaited if not self._satisfied(*a[:4])]
+        # a snapshot (one C-level copy): the watchdog diagnoses from its own thread
+        stuck = [a for a in list(self._awaited) if not self._satisfied(*a[:4])]
         dead = self.dead_error(stuck[0][4] if stuck else "a call")
         if dead is not None:  # named before a live peer that waits on it
             return type(dead)(str(dead) + released)
