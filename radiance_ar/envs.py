@@ -250,12 +250,13 @@ KNOBS: dict[str, Knob] = {
              "pulls overlap the previous call's reduce and waits "
              "(`radiance_ar/transport/call_streams.py`)",
              lo=1, hi=MAX_CALL_STREAMS, field="sdma_call_streams"),
-        Knob("RADIANCE_AR_WATCHDOG_S", float, 300.0,
+        Knob("RADIANCE_AR_WATCHDOG_S", float, 0.0,
              "seconds a GPU rank's newest collective call may stay unfinished while its host "
              "enqueues nothing more, before the process stops (SIGABRT after logging who is "
              "missing, `radiance_ar/transport/watchdog.py`): a missing peer ends the job "
-             "instead of leaving GPUs waiting for good. Where each rank is a process on a GPU "
-             "(gpu-host, gpu-symm); `0` turns it off",
+             "instead of leaving GPUs waiting for good (inside vLLM nothing else bounds a "
+             "wait). Where each rank is a process on a GPU (gpu-host, gpu-symm); `0` (off, "
+             "the default until it has run on a GPU) or at least 10; 600 is NCCL's limit",
              lo=0.0, hi=WATCHDOG_S_MAX, field="watchdog_s"),
     )
 }

@@ -198,7 +198,7 @@ def unchecked_stall_job(world: World, backend: str, limit_s: float) -> dict:
     copy of its tokens would. Its watchdog must stop it (SIGABRT) after ``limit_s`` s, its
     abort word set first; the other ranks watch for its process to exit and report."""
     rt = overlap.build(world, OverlapSettings(True, backend, MIN_M, SLICES, BackendSettings(
-        spin_timeout_ms=FIRST_CALL_BOUND_MS, watchdog_s=limit_s)))
+        spin_timeout_ms=FIRST_CALL_BOUND_MS, watchdog_s=limit_s), graphs="off"))
     warm = _call(rt, world, 64, 64, seed=0)
     assert "error" not in warm and warm["rel"] <= warm["bound"], warm
     dist.barrier(group=world.group)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from radiance_ar.transport import peer_memory as pm
+from radiance_ar.transport import watchdog
 from radiance_ar.harness.cpu_world import CpuWorldPool
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -52,7 +53,9 @@ def private_sharing_job(world):
               for b in bufs]
     out = dict(dir=directory, dir_mode=_mode(directory), dir_uid=os.lstat(directory).st_uid,
                files=seen_files, names=created, left=left, zero=zero, shared=shared,
-               shapes=[(b.local.dtype, tuple(b.local.shape)) for b in bufs])
+               shapes=[(b.local.dtype, tuple(b.local.shape)) for b in bufs],
+               # a watchdog's stop removes the directory too (only its creator holds it)
+               removed_at_stop=any(c is mem._finalizer for c in watchdog._at_stop))
     mem.barrier()  # no rank removes the directory while a peer still lists it
     mem.close()
     mem.barrier()  # rank 0 has closed (the group outlives the memory)
@@ -172,6 +175,7 @@ def test_private_files_shared_data_nothing_left(cpu_world):
         assert o["zero"] == [True, True] and o["shared"] == [True, True], r
         assert o["shapes"] == [(torch.uint8, (4096,)), (torch.uint8, (100,))]
         assert not o["exists_after_close"]
+        assert o["removed_at_stop"] == (r == 0)
     names = [n for o in out for n in o["names"]]
     assert all(HEX32.fullmatch(n) for n in names) and len(set(names)) == len(names), names
     # Random, not a counter: consecutive names of one rank differ in most digits.

@@ -3,6 +3,7 @@ stops the process and when progress does not, the error it names, its own thread
 the real SIGABRT of a process it stops. Its signals are GpuSignals over host flags with
 recorded stream operations and events the test completes (tests/signal_fakes.py)."""
 
+import gc
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from radiance_ar.call_contract import CallSignature, ResyncRequiredError
-from radiance_ar.transport.signals import _HEADER as HEADER_WORDS
+from radiance_ar.transport.signals import _HEADER as HEADER_WORDS, _word as signals_word
 from radiance_ar.transport.watchdog import Watchdog, watchdog_reason
 from signal_fakes import StreamBlockedUntil, gpu_signals
 
@@ -19,12 +20,14 @@ SIG = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 7)
 
 
 def test_it_runs_where_each_rank_is_a_process_on_a_gpu():
-    assert watchdog_reason("gpu-host", 300.0) is None
-    assert watchdog_reason("gpu-symm", 0.5) is None
-    assert watchdog_reason("gpu-host", 0.0) == "RADIANCE_AR_WATCHDOG_S=0"
-    assert "one host thread drives every rank" in watchdog_reason("gpu-emulated", 300.0)
+    assert watchdog_reason("gpu-host", 600.0) is None
+    assert watchdog_reason("gpu-symm", 10.0) is None
+    assert watchdog_reason("gpu-host", 0.0) == "RADIANCE_AR_WATCHDOG_S=0 (off)"
+    assert "one host thread drives every rank" in watchdog_reason("gpu-emulated", 600.0)
     for kind in ("cpu-shm", "single"):
-        assert "RADIANCE_AR_SPIN_TIMEOUT_MS" in watchdog_reason(kind, 300.0)
+        assert "RADIANCE_AR_SPIN_TIMEOUT_MS" in watchdog_reason(kind, 600.0)
+    with pytest.raises(ValueError, match=r"WATCHDOG_S=0.5: expected 0 \(off\) or seconds >= 10"):
+        watchdog_reason("gpu-host", 0.5)  # a stall that short is a healthy wait
     with pytest.raises(ValueError, match="limit_s 0: expected seconds > 0"):
         Watchdog(None, 0, start=False)
 
@@ -33,19 +36,23 @@ class Stalled:
     """Rank 0 of 2 with a watchdog of ``limit`` s on a clock the test moves, whose calls
     finish when ``self.done`` says."""
 
-    def __init__(self, limit: float = 5.0):
-        self.signals, self.flags, _, _ = gpu_signals(2, 0)
+    def __init__(self, limit: float = 5.0, size: int = 2):
+        self.signals, self.flags, _, _ = gpu_signals(size, 0)
         self.done = False
         self.signals.EVENT_TYPE = lambda: StreamBlockedUntil(lambda: self.done)
         self.now, self.stops = 0.0, []
         self.dog = Watchdog(self.signals, limit, stop=self.stops.append, clock=lambda: self.now,
                             start=False)
 
-    def call(self) -> None:
-        """An eager call waiting for peer 1's ready flag, its end enqueued."""
+    def call(self, posted: bool = False) -> None:
+        """An eager call waiting for peer 1's ready flag, its end enqueued; ``posted``: peer 1
+        posts it (a call that completed)."""
         with self.signals.call(SIG) as epoch:
             self.signals.wait_all([1], "ready", epoch, 7, "the test's call")
             self.signals.end_call(7)
+            if posted:
+                words = self.flags.peer(1).view(torch.int64)
+                words[signals_word("ready", epoch)] = self.signals.tag(epoch)
 
     def poll_at(self, t: float) -> bool:
         self.now = t
@@ -59,6 +66,7 @@ def test_a_stalled_call_stops_the_process_naming_the_missing_peer():
     assert [s.poll_at(t) for t in (1.0, 5.9)] == [False, False]  # the clock starts at 1.0
     assert s.poll_at(6.1) and len(s.stops) == 1
     message = s.stops[0]
+    assert message.startswith("no progress for 5 s with a call unfinished")
     assert "peer rank 1 did not post flag 'ready' for call (epoch) 1 of the test's call" in message
     assert "released" not in message  # the watchdog stops; it does not release
     assert s.dog.fired == message
@@ -116,3 +124,48 @@ def test_a_stopped_process_removes_its_job_directory_and_dies_by_sigabrt(tmp_pat
     assert "radiance-ar watchdog: rank 0: peer rank 1 did not post flag ready." in proc.stderr
     assert "RADIANCE_AR_WATCHDOG_S sets the limit" in proc.stderr
     assert not job.exists()
+
+
+def test_a_check_under_way_pauses_the_clock():
+    # check() bounds the call itself (and releases or raises): no stop meanwhile, however
+    # long the check's own bound
+    s = Stalled()
+    s.call()
+    assert not s.poll_at(0.0)
+    s.signals.checking = True
+    assert [s.poll_at(t) for t in (6.0, 60.0)] == [False, False]
+    s.signals.checking = False
+    assert [s.poll_at(t) for t in (61.0, 65.9, 66.1)] == [False, False, True]
+
+
+def test_after_many_unchecked_calls_it_names_the_newest_one():
+    # A serving engine never checks: the waits of 300 completed calls are still kept (their
+    # ring slots reused since), and the error must name call 301, not a long-finished one.
+    s = Stalled()
+    for _ in range(300):
+        s.call(posted=True)
+    s.call()
+    assert not s.poll_at(0.0) and s.poll_at(6.0)
+    assert "for call (epoch) 301 of the test's call" in s.stops[0], s.stops[0]
+
+
+def test_a_diagnosis_that_fails_still_stops_the_process():
+    s = Stalled()
+    s.call()
+
+    def broken(waited_s):
+        raise KeyError("a header word")
+
+    s.signals.stalled = broken
+    assert not s.poll_at(0.0) and s.poll_at(6.0)
+    assert "its diagnosis failed (KeyError: 'a header word')" in s.stops[0]
+
+
+def test_a_watchdog_dropped_without_close_ends_its_thread():
+    signals, _, _, _ = gpu_signals(2, 0)
+    dog = Watchdog(signals, 600.0)
+    thread = dog._thread
+    del dog
+    gc.collect()
+    thread.join(5 * Watchdog.POLL_S + 1.0)
+    assert not thread.is_alive()

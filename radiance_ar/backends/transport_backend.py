@@ -85,7 +85,7 @@ class TransportBackend(Backend):
         #: the thread that stops this process when its calls stall for RADIANCE_AR_WATCHDOG_S
         #: (radiance_ar/transport/watchdog.py), or why there is none
         self.watchdog_reason = watchdog_reason(world.kind, self.settings.watchdog_s)
-        self.watchdog = (Watchdog(self.signals, self.settings.watchdog_s)
+        self.watchdog = (Watchdog(self.signals, self.settings.watchdog_s, world.device)
                          if self.watchdog_reason is None and self.signals is not None else None)
 
     def may_use_twoshot(self) -> bool:

@@ -139,6 +139,16 @@ def cuda_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
         _cuda_ok(api.batch(stream, len(chunk), chunk, 0), f"cuStreamBatchMemOp({len(chunk)} ops)")
 
 
+def cuda_relax_capture_mode() -> None:
+    """Let the calling thread query events while another thread captures a graph in the
+    default (global) mode, which otherwise refuses that thread's query and invalidates the
+    capture (what torch's NCCL watchdog thread does, pytorch#104555): the watchdog's."""
+    _, runtime = _cuda()
+    _cuda_ok(runtime.cudaThreadExchangeStreamCaptureMode(
+        runtime.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed),
+        "cudaThreadExchangeStreamCaptureMode")
+
+
 #: cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): every context
 #: of the process sees the pages as pinned, at a device address (UVA: the host address)
 CUDA_HOST_REGISTER_FLAGS = 0x01 | 0x02

@@ -57,8 +57,10 @@ class GpuSignals(Signals):
         #: inbox words (token k of each), so an earlier graph's values written now would
         #: undo the last one's, and the host cannot see which one its stream is at
         self._replayed: list[Awaited] = []
-        #: calls whose end was enqueued so far, eager or replayed (the watchdog's progress)
+        #: calls whose end was enqueued so far, eager or replayed (the watchdog's progress),
+        #: and whether a check() is bounding them now
         self.ends = 0
+        self.checking = False
         #: the last call a check found complete (a peer's abort of a later one: see check)
         self._checked_epoch = 0
 
@@ -215,15 +217,24 @@ class GpuSignals(Signals):
 
     def stalled(self, waited_s: float) -> Exception:
         """The watchdog's verdict on the newest call, unfinished for ``waited_s`` with nothing
-        enqueued after it: the error naming who is missing, recorded as this rank's fault
-        with its abort word set (peers that check raise). Its stream is NOT released."""
+        enqueued after it: the error naming who is missing, recorded as this rank's fault,
+        its abort word set where the flags are host memory (peers that check raise). Its
+        stream is NOT released."""
         waited_ms = waited_s * 1000.0
         error = (self._diagnose_tokens(waited_ms, releasing=False) if self._replayed
                  else self._diagnose(waited_ms, releasing=False))
+        # (_diagnose_tokens reads the list once: a check() on the caller's thread may empty it)
         self.fail(error)
         return error
 
     def check(self, timeout_ms: float | None = None) -> None:
+        self.checking = True  # the watchdog leaves a call that check() bounds to it
+        try:
+            self._check(timeout_ms)
+        finally:
+            self.checking = False
+
+    def _check(self, timeout_ms: float | None) -> None:
         if self._last_event is None:
             return
         bound = self.timeout_ms if timeout_ms is None else timeout_ms
@@ -334,8 +345,11 @@ class GpuSignals(Signals):
         released = (" The blocked stream was released by writing the awaited flag values "
                     "(so the GPU is not left hung); results of that call are garbage."
                     if self._host_visible and releasing else "")
-        # a snapshot (one C-level copy): the watchdog diagnoses from its own thread
-        stuck = [a for a in list(self._awaited) if not self._satisfied(*a[:4])]
+        # a snapshot (one C-level copy): the watchdog diagnoses from its own thread. Waits
+        # of calls RING or more before this one are left out: their ring slots hold later
+        # calls' tags now (a caller that never checks keeps up to 4 * RING waits)
+        stuck = [a for a in list(self._awaited)
+                 if self.epoch - a[2] < RING and not self._satisfied(*a[:4])]
         dead = self.dead_error(stuck[0][4] if stuck else "a call")
         if dead is not None:  # named before a live peer that waits on it
             return type(dead)(str(dead) + released)
@@ -361,7 +375,8 @@ class GpuSignals(Signals):
         token reads 0 like one never posted, so the inbox tells only a peer that posted
         ANOTHER call's token (a mismatch); otherwise the peers' headers (written per
         replay) name the one behind."""
-        sig = self._replayed[0].sig
+        replayed = self._replayed  # one read: the watchdog's thread diagnoses too
+        sig = replayed[0].sig
         mine = f"rank {self.rank} is in call {self.epoch}: a replayed op call, {sig.describe()}"
         released = (" The blocked stream was released by writing the awaited tokens (so the "
                     "GPU is not left hung); results of that call are garbage."
@@ -369,7 +384,7 @@ class GpuSignals(Signals):
         dead = self.dead_error("a replayed op call")
         if dead is not None:
             return type(dead)(str(dead) + released)
-        for a in self._replayed:
+        for a in replayed:
             seen = self.inbox.read(a.index)
             if seen not in (None, 0, a.value):
                 return CollectiveMismatchError(
@@ -377,7 +392,7 @@ class GpuSignals(Signals):
                     f"graph holds another call's value ({self._views(a.peer)}): every rank must "
                     "make the same op calls, layer for layer; call resync() on every rank"
                     + released)
-        for peer in sorted({a.peer for a in self._replayed}):
+        for peer in sorted({a.peer for a in replayed}):
             if self._host_visible and self._read(peer, _HEADER["abort"]):
                 return PeerAbortedError(self._aborted_message(peer, "a replayed op call")
                                         + released)

@@ -8,6 +8,7 @@ ROCm runs on SDMA engines for host memory), ``hipMemcpyPeerAsync`` across device
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from radiance_ar.transport.runtime_errors import MASK64, BindingsMissing, CopyEngineError
@@ -104,6 +105,21 @@ def hip_capture_reason(hip_version: str | None) -> str:
 
 #: hipHostRegisterPortable | hipHostRegisterMapped (hip_runtime_api.h)
 HIP_HOST_REGISTER_FLAGS = 0x01 | 0x02
+
+
+def hip_relax_capture_mode() -> None:
+    """As :func:`radiance_ar.transport.cuda_ops.cuda_relax_capture_mode`, on ROCm.
+    hip-python binds ``hipThreadExchangeStreamCaptureMode`` with no argument (it only reads
+    the thread's mode), so the runtime itself is called, through ctypes."""
+    relaxed = ctypes.c_int(int(_hip().hipStreamCaptureMode.hipStreamCaptureModeRelaxed))
+    try:
+        runtime = ctypes.CDLL("libamdhip64.so")
+    except OSError as e:
+        raise CopyEngineError(f"hipThreadExchangeStreamCaptureMode: the HIP runtime could not "
+                              f"be loaded: {e}") from None
+    err = runtime.hipThreadExchangeStreamCaptureMode(ctypes.byref(relaxed))
+    if err != 0:
+        raise CopyEngineError(f"hipThreadExchangeStreamCaptureMode failed: hipError_t {err}")
 
 
 def hip_host_register(host_ptr: int, nbytes: int) -> None:

@@ -4,8 +4,9 @@ In GPU worlds a stream's flag wait has no timeout of its own; :meth:`GpuSignals.
 <radiance_ar.transport.gpu_signals.GpuSignals.check>` bounds it where someone calls it (the
 tools and tests do). A serving engine calls nothing of the kind: between forward passes it
 only blocks on a copy of the sampled tokens, so a peer that never posts would leave every
-rank's GPU waiting for good. Where each rank is a process of its own (gpu-host, gpu-symm),
-one daemon thread per transport watches the newest call its signals enqueued::
+rank's GPU waiting for good. Where each rank is a process of its own (gpu-host, gpu-symm)
+and ``RADIANCE_AR_WATCHDOG_S`` is set, one daemon thread per backend watches the newest call
+its signals enqueued::
 
     host    : call 41 | call 42 | ... | sampler .cpu() ----------------------- (blocked)
     stream  : call 41 done | call 42 waits on a peer that never posts ..............
@@ -16,14 +17,21 @@ It stops the process rather than releasing the stream. A released call finishes 
 wrong bytes, and the host has already enqueued the work that reads them (the rest of the
 forward, the sampler): they would be served before a later call could raise. Stopping on a
 collective timeout is what torch's NCCL watchdog does; a process that exits frees its GPU
-context, and each peer's own watchdog stops it in turn (their abort words also make peers
-that check raise at once).
+context, and each peer's own watchdog stops it in turn (where flags are host memory, its
+abort word also makes peers that check raise at once).
 
 Progress is the host enqueuing a call or the newest call finishing, so the clock starts
 when the host stops enqueuing: a host runs a forward ahead of its GPU, and a long prefill
-is not a stall. A rank's first call compiles kernels for seconds (1.0-6.1 s of host in the
-gpu-host world: tools/results/2026-12-04-h200-sweep-and-soak/), far inside the default
-limit of 300 s, which sits, like NCCL's 10 minutes, well above any healthy wait.
+is not a stall. ``check()`` pauses the clock (it bounds the call itself). A rank's first
+call compiles kernels for seconds (1.0-6.1 s of host in the gpu-host world:
+tools/results/2026-12-04-h200-sweep-and-soak/), and start-up (compilation, autotuning) can
+take minutes, which a limit must exceed: 600 s is NCCL's. Off by default until it has run on
+a GPU (tests/test_host_world_gpu.py holds its test).
+
+The thread sets its device first (a new thread's current device is 0: a first CUDA call
+there would make a context on GPU 0 in every rank) and relaxes its stream-capture mode:
+under the default global mode its event queries would be refused while another thread
+captures a CUDA graph (vLLM does at start-up), invalidating that capture.
 """
 
 from __future__ import annotations
@@ -31,20 +39,33 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import resource
+import sys
 import threading
 import time
 import weakref
 from typing import Any, Callable
 
+import torch
+
+from radiance_ar.transport.copy_engine import platform
+
 #: world kinds whose ranks are processes of their own on GPUs (world.KINDS)
 WATCHED_KINDS = ("gpu-host", "gpu-symm")
+#: the shortest limit: a stall shorter than that is a healthy wait (a first call's kernel
+#: compilation took 1.0-6.1 s on an H200 host), not a missing peer
+MIN_LIMIT_S = 10.0
 
 
 def watchdog_reason(kind: str, limit_s: float) -> str | None:
-    """None if a transport in a world of ``kind`` runs a watchdog of ``limit_s`` seconds,
-    else why not (a pure gate)."""
+    """None if a backend in a world of ``kind`` runs a watchdog of ``limit_s`` seconds,
+    else why not (a pure gate); ``ValueError`` for a limit that is neither 0 (off) nor at
+    least :data:`MIN_LIMIT_S`."""
     if limit_s == 0:
-        return "RADIANCE_AR_WATCHDOG_S=0"
+        return "RADIANCE_AR_WATCHDOG_S=0 (off)"
+    if limit_s < MIN_LIMIT_S:
+        raise ValueError(f"RADIANCE_AR_WATCHDOG_S={limit_s:g}: expected 0 (off) or seconds >= "
+                         f"{MIN_LIMIT_S:g} (shorter stalls are healthy waits)")
     if kind == "gpu-emulated":
         return ("emulated ranks: one host thread drives every rank, and the tools that use "
                 "them bound each call with check()")
@@ -66,8 +87,9 @@ def run_at_stop(cleanup: weakref.finalize) -> None:
 
 def stop_process(message: str) -> None:
     """Log ``message`` as the reason, run the clean-ups of :func:`run_at_stop` and stop this
-    process with SIGABRT (no other Python clean-up runs; the driver drops the GPU context
-    and its host registrations with the process)."""
+    process with SIGABRT, writing no core file (a CUDA process's core is its pinned memory
+    too, and peers see it alive until it is written). No other Python clean-up runs; the
+    driver drops the GPU context and its host registrations with the process."""
     log = logging.getLogger("radiance_ar")
     log.critical("radiance-ar watchdog: %s Stopping this process (SIGABRT); "
                  "RADIANCE_AR_WATCHDOG_S sets the limit, 0 turns the watchdog off.", message)
@@ -75,20 +97,38 @@ def stop_process(message: str) -> None:
         cleanup()
     for handler in log.handlers + logging.getLogger().handlers:
         handler.flush()
+    sys.stderr.flush()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.abort()
+
+
+def _enter_watch_thread(device: torch.device | None) -> None:
+    """The watchdog thread's CUDA set-up (see the module doc)."""
+    if device is None or device.type != "cuda":
+        return
+    torch.cuda.set_device(device)
+    if platform(device) == "hip":
+        from radiance_ar.transport.hip_ops import hip_relax_capture_mode as relax
+    else:
+        from radiance_ar.transport.cuda_ops import cuda_relax_capture_mode as relax
+    relax()
 
 
 class Watchdog:
     """A daemon thread that stops the process when ``signals``' newest call (a
     :class:`~radiance_ar.transport.gpu_signals.GpuSignals`) stalls for ``limit_s`` seconds
-    (see the module doc). ``stop(message)`` is what it does then (tests record it);
-    ``start=False`` leaves polling to the caller (:meth:`poll`)."""
+    (see the module doc). ``device``: the rank's GPU, made current on the thread.
+    ``stop(message)`` is what it does then (tests record it); ``start=False`` leaves
+    polling to the caller (:meth:`poll`)."""
 
     #: seconds between looks: against a limit of minutes, a stall shows within 0.1 s more,
     #: at one event query (microseconds of host) per look
     POLL_S = 0.1
+    #: how long close() waits for the thread (it may sit in a CUDA call)
+    JOIN_S = 1.0
 
-    def __init__(self, signals: Any, limit_s: float, stop: Callable[[str], None] = stop_process,
+    def __init__(self, signals: Any, limit_s: float, device: torch.device | None = None,
+                 stop: Callable[[str], None] = stop_process,
                  clock: Callable[[], float] = time.monotonic, start: bool = True):
         if not limit_s > 0:
             raise ValueError(f"Watchdog: limit_s {limit_s!r}: expected seconds > 0")
@@ -98,8 +138,9 @@ class Watchdog:
         #: the message it stopped with (None: it has not fired)
         self.fired: str | None = None
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="radiance-ar watchdog",
-                                        daemon=True)
+        # The thread holds the watchdog weakly: a backend dropped without close() ends it.
+        self._thread = threading.Thread(target=_watch, name="radiance-ar watchdog", daemon=True,
+                                        args=(weakref.ref(self), self._closed, device))
         if start:
             _running.add(self)
             self._thread.start()
@@ -107,30 +148,46 @@ class Watchdog:
     def poll(self) -> bool:
         """One look; True if the newest call had stalled past the limit (``stop`` ran)."""
         event, enqueued = self.signals.last_call()
-        if event is None or event.query():
-            self._progress = None
+        if event is None or self.signals.checking or event.query():
+            self._progress = None  # finished, or check() bounds it now
             return False
         now = self._clock()
         if self._progress != enqueued:  # a call enqueued since the last look: progress
             self._progress, self._since = enqueued, now
             return False
-        if now - self._since < self.limit_s:
+        waited = now - self._since
+        if waited < self.limit_s:
             return False
-        self.fired = str(self.signals.stalled(now - self._since))
+        try:
+            found = f"the newest call's diagnosis: {self.signals.stalled(waited)}"
+        except Exception as e:  # noqa: BLE001 -- the stop must still happen, with what is known
+            found = f"its diagnosis failed ({type(e).__name__}: {e})"
+        self.fired = (f"no progress for {waited:.0f} s with a call unfinished and nothing "
+                      f"enqueued after it; {found}")
         self._stop(self.fired)
         return True
 
     def close(self) -> None:
-        """Stop watching (the transport closes, or the interpreter exits)."""
+        """Stop watching (the backend closes, or the interpreter exits)."""
         _running.discard(self)
         self._closed.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(self.JOIN_S)
 
-    def _run(self) -> None:
-        while not self._closed.wait(self.POLL_S):
-            if self.poll():
+
+def _watch(ref: "weakref.ref[Watchdog]", closed: threading.Event,
+           device: torch.device | None) -> None:
+    try:
+        _enter_watch_thread(device)
+        while not closed.wait(Watchdog.POLL_S):
+            dog = ref()
+            if dog is None or dog.poll():
                 return
+            del dog  # hold it only while looking
+    except (RuntimeError, OSError) as e:  # a CUDA error, or the runtime's: said, not hidden
+        logging.getLogger("radiance_ar").error(
+            "radiance-ar watchdog: stopped watching this rank's calls: %s: %s",
+            type(e).__name__, e)
 
 
 #: the watchdogs whose thread runs: stopped at exit, before the GPU runtime is torn down
