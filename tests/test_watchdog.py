@@ -11,9 +11,13 @@ import time
 import pytest
 import torch
 
+from radiance_ar import overlap
 from radiance_ar.call_contract import CallSignature, ResyncRequiredError
+from radiance_ar.envs import BackendSettings
+from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport.signals import _HEADER as HEADER_WORDS, _word as signals_word
 from radiance_ar.transport.watchdog import Watchdog, watchdog_reason
+from radiance_ar.transport.world import single_world
 from signal_fakes import StreamBlockedUntil, gpu_signals
 
 SIG = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 7)
@@ -24,8 +28,8 @@ def test_it_runs_where_each_rank_is_a_process_on_a_gpu():
     assert watchdog_reason("gpu-symm", 10.0) is None
     assert watchdog_reason("gpu-host", 0.0) == "RADIANCE_AR_WATCHDOG_S=0 (off)"
     assert "one host thread drives every rank" in watchdog_reason("gpu-emulated", 600.0)
-    for kind in ("cpu-shm", "single"):
-        assert "RADIANCE_AR_SPIN_TIMEOUT_MS" in watchdog_reason(kind, 600.0)
+    assert "RADIANCE_AR_SPIN_TIMEOUT_MS" in watchdog_reason("cpu-shm", 600.0)
+    assert watchdog_reason("single", 600.0) == "one rank: no call waits on a peer"
     with pytest.raises(ValueError, match=r"WATCHDOG_S=0.5: expected 0 \(off\) or seconds >= 10"):
         watchdog_reason("gpu-host", 0.5)  # a stall that short is a healthy wait
     with pytest.raises(ValueError, match="limit_s 0: expected seconds > 0"):
@@ -169,3 +173,13 @@ def test_a_watchdog_dropped_without_close_ends_its_thread():
     gc.collect()
     thread.join(5 * Watchdog.POLL_S + 1.0)
     assert not thread.is_alive()
+
+
+def test_a_backend_runs_one_where_its_gate_allows_and_refuses_a_bad_limit():
+    world = single_world("cpu")
+    rt = overlap.build(world, OverlapSettings(True, "sdma", 1, 2, BackendSettings(watchdog_s=600.0)))
+    assert rt.backend.watchdog is None
+    assert rt.backend.watchdog_reason == "one rank: no call waits on a peer"
+    rt.close()
+    with pytest.raises(ValueError, match="RADIANCE_AR_WATCHDOG_S=5: expected 0"):
+        overlap.build(world, OverlapSettings(True, "sdma", 1, 2, BackendSettings(watchdog_s=5.0)))

@@ -69,6 +69,8 @@ def watchdog_reason(kind: str, limit_s: float) -> str | None:
     if kind == "gpu-emulated":
         return ("emulated ranks: one host thread drives every rank, and the tools that use "
                 "them bound each call with check()")
+    if kind == "single":
+        return "one rank: no call waits on a peer"
     if kind not in WATCHED_KINDS:
         return f"a {kind} world waits on the host, bounded by RADIANCE_AR_SPIN_TIMEOUT_MS"
     return None
