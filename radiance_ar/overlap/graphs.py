@@ -15,8 +15,8 @@ What a replay must keep, and how:
 - Flags: a graph's stream operations carry fixed values, so its calls use one-use
   tokens (:mod:`radiance_ar.transport.tokens`), not the eager calls' numbered tags.
   Each replay still takes a call number on the host and, where the flags are host
-  memory, writes its header (the layer, M, K, N), where peers' messages and the abort word read it, and its waits are bounded
-  by the backend's ``check`` like an eager call's.
+  memory, writes its header (the layer, M, K, N), where peers' messages and the abort
+  word read it, and its waits are bounded by the backend's ``check`` like an eager call's.
 - Addresses: x and out are bound by copies into persistent buffers (``x_static``,
   ``out_static``, one pair per shape and shared by the graphs of every layer of that
   shape); the weight is the caller's tensor, which the key holds by address (a layer's

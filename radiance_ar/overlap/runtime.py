@@ -20,7 +20,7 @@ import torch
 from radiance_ar import backends
 from radiance_ar.backends.interface import Backend
 from radiance_ar.envs import AUTO_BACKEND
-from radiance_ar.transport.world import World
+from radiance_ar.transport.world import World, log_once
 from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
 from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.overlap.lanes import Lanes
@@ -28,18 +28,6 @@ from radiance_ar.overlap.scratch import ScratchPool
 
 #: the largest layer number a call signature carries (16 bits: CallSignature.words)
 MAX_LAYER = (1 << 16) - 1
-
-_said: set[str] = set()
-
-
-def _say_once_enqueued(reason: str, asked: bool) -> None:
-    """Tell the user once per reason that sliced op calls run step by step, not replayed
-    (a warning where RADIANCE_AR_OP_GRAPHS=on asked for replays)."""
-    if reason not in _said:
-        _said.add(reason)
-        logging.getLogger("radiance_ar").log(
-            logging.WARNING if asked else logging.INFO,
-            "radiance-ar op graphs: sliced calls enqueued step by step, not replayed: %s", reason)
 
 
 @dataclass
@@ -102,7 +90,10 @@ class OverlapRuntime:
         where each call is enqueued step by step (:meth:`graph_reason`)."""
         reason = self.graph_reason()
         if reason is not None:
-            _say_once_enqueued(reason, asked=self.settings.graphs == "on")
+            # a warning where RADIANCE_AR_OP_GRAPHS=on asked for replays
+            log_once(logging.WARNING if self.settings.graphs == "on" else logging.INFO,
+                     f"radiance-ar op graphs: sliced calls enqueued step by step, not "
+                     f"replayed: {reason}")
             return None
         if self._graphs is None:
             self._graphs = GraphCache(self.world.device, self.settings.graphs_max)

@@ -57,9 +57,7 @@ class GpuSignals(Signals):
         #: inbox words (token k of each), so an earlier graph's values written now would
         #: undo the last one's, and the host cannot see which one its stream is at
         self._replayed: list[Awaited] = []
-        #: calls whose end was enqueued so far, eager or replayed (the watchdog's progress),
-        #: and whether a check() is bounding them now
-        self.ends = 0
+        #: whether a check() is bounding the calls now (the watchdog leaves them to it)
         self.checking = False
         #: the last call a check found complete (a peer's abort of a later one: see check)
         self._checked_epoch = 0
@@ -141,7 +139,6 @@ class GpuSignals(Signals):
             self._record_end(stream)
         else:
             self._last_event = rnd.end_event
-            self.ends += 1
 
     def post(self, slot: str, epoch: int, stream: int) -> None:
         if self.round is not None:
@@ -208,12 +205,12 @@ class GpuSignals(Signals):
         event = self._events[self.epoch % len(self._events)]
         event.record(self.engine.stream(stream))
         self._last_event = event
-        self.ends += 1
 
     def last_call(self) -> tuple[Any, int]:
         """The event that completes with the newest call enqueued (None: no call yet), and
-        how many calls were enqueued so far (:mod:`radiance_ar.transport.watchdog`)."""
-        return self._last_event, self.ends
+        the call number, which every call enqueued takes, eager or replayed
+        (:mod:`radiance_ar.transport.watchdog`'s progress)."""
+        return self._last_event, self.epoch
 
     def stalled(self, waited_s: float) -> Exception:
         """The watchdog's verdict on the newest call, unfinished for ``waited_s`` with nothing
@@ -221,14 +218,14 @@ class GpuSignals(Signals):
         its abort word set where the flags are host memory (peers that check raise). Its
         stream is NOT released."""
         waited_ms = waited_s * 1000.0
+        # _diagnose_tokens reads the list once: a check() on the caller's thread may empty it
         error = (self._diagnose_tokens(waited_ms, releasing=False) if self._replayed
                  else self._diagnose(waited_ms, releasing=False))
-        # (_diagnose_tokens reads the list once: a check() on the caller's thread may empty it)
         self.fail(error)
         return error
 
     def check(self, timeout_ms: float | None = None) -> None:
-        self.checking = True  # the watchdog leaves a call that check() bounds to it
+        self.checking = True
         try:
             self._check(timeout_ms)
         finally:

@@ -174,15 +174,20 @@ def choose_peer_memory(setting: str, places: Sequence[GpuPlace]) -> tuple[str, s
     return "symm", "every rank has a GPU of its own and every pair access each other as peers"
 
 
-_logged: set[tuple[str, str]] = set()
+_logged: set[str] = set()
+
+
+def log_once(level: int, message: str) -> None:
+    """Log ``message`` on the ``radiance_ar`` logger, the first time it is seen in this
+    process only (a reason that holds for every call or rank, said once)."""
+    if message not in _logged:
+        _logged.add(message)
+        logging.getLogger("radiance_ar").log(level, message)
 
 
 def _log_choice_once(choice: str, reason: str) -> None:
-    if (choice, reason) not in _logged:
-        _logged.add((choice, reason))
-        logging.getLogger("radiance_ar").warning(
-            "radiance-ar peer memory: %s (%s world): %s", choice,
-            "gpu-host" if choice == "host" else "gpu-symm", reason)
+    log_once(logging.WARNING, f"radiance-ar peer memory: {choice} "
+             f"({'gpu-host' if choice == 'host' else 'gpu-symm'} world): {reason}")
 
 
 def emulated_worlds(size: int, device: torch.device) -> list[World]:
