@@ -14,6 +14,7 @@ from radiance_ar.envs import BackendSettings
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport.copy_engine import CopyEngine
 from radiance_ar.transport.world import World
+from misuse_jobs import FIRST_CALL_BOUND_MS
 from world_jobs import reference, shard
 
 
@@ -84,10 +85,6 @@ def _resident_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-#: the bound of a first call, which compiles kernels (soak_job)
-FIRST_CALL_MS = 60_000.0
-
-
 def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: int,
              warm: int) -> dict:
     """``calls`` op calls of one layer (one weight, the default graph setting) after
@@ -114,7 +111,7 @@ def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: in
             # The first call compiles the backend's kernels in every process at once: on
             # one H200 a W = 4 rank's first sdma_wht6 call took 1.0-6.1 s and one rank's
             # ran over a 1000 ms bound past its peers' (their 19 replays queued behind it).
-            rt.backend.check(FIRST_CALL_MS)
+            rt.backend.check(FIRST_CALL_BOUND_MS)
     rt.backend.check()
     before = snapshot()
     for i in range(calls):
