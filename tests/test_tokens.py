@@ -109,7 +109,9 @@ def test_the_done_tokens_left_at_a_graphs_end_are_consumed_in_one_batch():
     sigs = [CallSignature(96 * (k + 1), 5120, torch.bfloat16, "flags", 384, 4352, 3)
             for k in range(3)]
     cpu = torch.device("cpu")
-    with tokens.capture_round(signals, CallStreams(cpu, 1, None), peers, cpu) as rnd:
+    ended = []
+    with tokens.capture_round(signals, CallStreams(cpu, 1, None), peers, cpu,
+                              lambda: ended.append(len(engine.batches))) as rnd:
         for sig in sigs:
             with signals.call(sig):
                 signals.post("done", signals.epoch, 5)
@@ -125,6 +127,7 @@ def test_the_done_tokens_left_at_a_graphs_end_are_consumed_in_one_batch():
     assert stream == 0 and ops == expected  # the capturing (current) stream
     assert rnd.unconsumed_done == {} and len(rnd.awaited) == 3 * (size - 1)
     assert rnd.end_event is None  # recorded by CUDA graphs only
+    assert ended == [len(engine.batches)]  # the capture ends once, after the last batch
 
 
 def test_a_timed_out_replay_releases_the_eager_fence_before_it_too():
@@ -166,3 +169,37 @@ def test_why_calls_are_not_replayed_reaches_the_user_once(caplog):
     assert len(said) == 1 and said[0].levelname == "WARNING"  # "on" asked for replays
     assert reason in said[0].getMessage()
     rt.close()
+
+
+@pytest.mark.parametrize("fails", ["body", "end"])
+def test_a_failed_capture_clears_its_mark_even_when_ending_the_capture_fails(fails):
+    # The header's ``capturing`` word makes peers' replays wait up to 60 s for this rank's
+    # capture. A capture that fails, in its body or in capture_end itself, must clear it,
+    # or peers wait 60 s instead of the spin bound; and the capture ends once either way.
+    signals, flags, _, _ = gpu_signals(2, 0)
+    header = flags.peer(0).view(torch.int64)
+    ended = []
+
+    def end():
+        ended.append(int(header[HEADER_WORDS["capturing"]]))
+        if fails == "end":
+            raise RuntimeError("capture_end failed")
+
+    with pytest.raises(RuntimeError, match="failed"):
+        with signals.capture_round(end):
+            assert int(header[HEADER_WORDS["capturing"]]) == signals.epoch + 1
+            if fails == "body":
+                raise RuntimeError("the body failed")
+    assert ended == [signals.epoch + 1]  # ended once, with the mark still up
+    assert int(header[HEADER_WORDS["capturing"]]) == 0 and signals.round is None
+
+
+def test_a_capture_that_ends_well_keeps_its_mark_for_the_replay():
+    signals, flags, _, _ = gpu_signals(2, 0)
+    header = flags.peer(0).view(torch.int64)
+    with signals.capture_round(lambda: None):
+        pass
+    assert int(header[HEADER_WORDS["capturing"]]) == signals.epoch + 1  # peers may replay
+    with signals.call(CallSignature(1, 1, torch.bfloat16)):  # the replay takes the number
+        pass
+    assert int(header[HEADER_WORDS["capturing"]]) == 0

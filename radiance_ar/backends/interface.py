@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, ClassVar, Hashable, Iterator
+from typing import TYPE_CHECKING, Callable, ClassVar, Hashable, Iterator
 
 import torch
 
@@ -218,8 +218,10 @@ class Backend(abc.ABC):
         sizes, resyncs): a captured call of another generation is captured again."""
         return ()
 
-    def capture_round(self) -> contextlib.AbstractContextManager:
-        """While the op captures one call's sliced path (see :meth:`replay_reason`)."""
+    def capture_round(self, end: Callable[[], None]) -> contextlib.AbstractContextManager:
+        """While the op captures one call's sliced path (see :meth:`replay_reason`); the
+        block's end calls ``end()`` (``CUDAGraph.capture_end``) on every path, so that what
+        the round marked is undone if ending the capture fails."""
         raise TypeError(self.replay_reason())
 
     def replay_call(self, sig: CallSignature, captured: object,

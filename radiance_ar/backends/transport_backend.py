@@ -12,7 +12,7 @@ in which schedule, is each backend's own.
 from __future__ import annotations
 
 import contextlib
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -161,8 +161,8 @@ class TransportBackend(Backend):
                     "forces it")
         return None
 
-    def capture_round(self) -> contextlib.AbstractContextManager:
-        return self.transport.capture_round()
+    def capture_round(self, end: Callable[[], None]) -> contextlib.AbstractContextManager:
+        return self.transport.capture_round(end)
 
     @contextlib.contextmanager
     def replay_call(self, sig: CallSignature, captured: TokenRound, stream: int):

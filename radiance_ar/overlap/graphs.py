@@ -176,9 +176,12 @@ class GraphCache:
         with torch.cuda.stream(self._capture_stream):
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
-                with backend.capture_round() as rnd:
+                # the round ends the capture itself: a capture_end that fails is then a
+                # failed round, whose marks on this rank's header are undone
+                with backend.capture_round(graph.capture_end) as rnd:
                     run()
             finally:
-                graph.capture_end()
+                if torch.cuda.is_current_stream_capturing():  # the round never began
+                    graph.capture_end()
         return graph, rnd
 

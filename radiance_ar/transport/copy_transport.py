@@ -53,7 +53,7 @@ of the calls before it in the same graph.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -354,13 +354,13 @@ class CopyTransport:
 
     # ------------------------------------------------------------------ captured op calls
 
-    def capture_round(self) -> contextlib.AbstractContextManager[TokenRound]:
-        """While a graph of op calls is captured on the current stream
+    def capture_round(self, end: Callable[[], None]) -> contextlib.AbstractContextManager[TokenRound]:
+        """While a graph of op calls is captured on the current stream, ended by ``end()``
         (:func:`radiance_ar.transport.tokens.capture_round`)."""
         if not isinstance(self.signals, GpuSignals):
             raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
         return tokens.capture_round(self.signals, self.call_streams, self.peers,
-                                    self.world.device)
+                                    self.world.device, end)
 
     def before_replay(self, stream: int) -> None:
         """Before a captured op call is launched on ``stream``: order it after every peer

@@ -73,19 +73,24 @@ class GpuSignals(Signals):
         self.inbox.clear()
 
     @contextlib.contextmanager
-    def capture_round(self) -> Iterator[TokenRound]:
+    def capture_round(self, end: Callable[[], None] = lambda: None) -> Iterator[TokenRound]:
         """While a graph of op calls is captured: calls post and wait tokens, take no call
         number and record no host event (the round records the graph's own end event:
         :func:`radiance_ar.transport.tokens.capture_round`); host state is as before afterwards.
+        ``end()`` ends the capture (``CUDAGraph.capture_end``), on every path.
         Host-visible flags: the header's ``capturing`` word names the call captured, for
         peers that replay it meanwhile (:meth:`check`), until the replay that follows the
-        capture takes its number (or the capture fails)."""
+        capture takes its number, or the capture fails, ``end()`` included (a mark left
+        set would hold peers' bounds at 60 s instead of the spin bound)."""
         assert self.inbox is not None and self.round is None
         self.round = TokenRound()
         if self._host_visible:
             self._np[self.rank][_HEADER["capturing"]] = self.epoch + 1
         try:
-            yield self.round
+            try:
+                yield self.round
+            finally:
+                end()
         except BaseException:
             if self._host_visible:
                 self._np[self.rank][_HEADER["capturing"]] = 0

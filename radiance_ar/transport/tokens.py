@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -134,16 +134,17 @@ class Inbox:
 # a CallStreams: the copy transport passes its own (CopyTransport.capture_round, .fence).
 
 @contextlib.contextmanager
-def capture_round(signals: Any, call_streams: Any, peers: list[int],
-                  device: torch.device) -> Iterator[TokenRound]:
+def capture_round(signals: Any, call_streams: Any, peers: list[int], device: torch.device,
+                  end: Callable[[], None]) -> Iterator[TokenRound]:
     """While a graph of op calls is captured on the current stream: the calls inside
     post and wait tokens, all on the capturing stream (``CallStreams.caller_only``); at
     the end of the block every done token not yet consumed is, on the current stream, so
-    the graph ends after every peer has read what it published. Host state (call numbers,
-    call streams) is as before; the round holds what a replay adds."""
+    the graph ends after every peer has read what it published; then ``end()`` ends the
+    capture (on every path). Host state (call numbers, call streams) is as before; the
+    round holds what a replay adds."""
     call_streams.forget_calls()
     try:
-        with signals.capture_round() as rnd, call_streams.caller_only():
+        with signals.capture_round(end) as rnd, call_streams.caller_only():
             yield rnd
             consume_done(signals, rnd, peers, sorted(rnd.unconsumed_done),
                          current_stream_handle(device))
