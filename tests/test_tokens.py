@@ -72,11 +72,9 @@ def test_a_captured_pull_phase_waits_for_every_peer_in_one_batch(size):
     (stream, ops), = engine.batches
     value = tokens.token_value("ready", 0, sig)
     base = inbox.peer(rank).data_ptr()
-    expected = []
-    for p in peers:
-        addr = base + tokens.word("ready", p, 0, size) * tokens.WORD_BYTES
-        expected += [("wait_eq", addr, value), ("write", addr, 0)]
-    assert stream == 7 and ops == expected
+    addrs = [base + tokens.word("ready", p, 0, size) * tokens.WORD_BYTES for p in peers]
+    expected = [("wait_eq", a, value) for a in addrs] + [("write", a, 0) for a in addrs]
+    assert stream == 7 and ops == expected  # every wait, then every reset
     assert [(a.peer, a.kind, a.k, a.value) for a in rnd.awaited] == [
         (p, "ready", 0, value) for p in peers]
 
@@ -118,13 +116,14 @@ def test_the_done_tokens_left_at_a_graphs_end_are_consumed_in_one_batch():
     *posts, (stream, ops) = engine.batches
     assert len(posts) == 3 and all(what == "write" for _, batch in posts for what, _, _ in batch)
     base = inbox.peer(rank).data_ptr()
-    expected = []
+    waits, resets = [], []
     for k, sig in enumerate(sigs):
         value = tokens.token_value("done", k, sig)
         for p in peers:
             addr = base + tokens.word("done", p, k, size) * tokens.WORD_BYTES
-            expected += [("wait_eq", addr, value), ("write", addr, 0)]
-    assert stream == 0 and ops == expected  # the capturing (current) stream
+            waits.append(("wait_eq", addr, value))
+            resets.append(("write", addr, 0))
+    assert stream == 0 and ops == waits + resets  # the capturing (current) stream
     assert rnd.unconsumed_done == {} and len(rnd.awaited) == 3 * (size - 1)
     assert rnd.end_event is None  # recorded by CUDA graphs only
     assert ended == [len(engine.batches)]  # the capture ends once, after the last batch

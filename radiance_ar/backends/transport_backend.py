@@ -17,7 +17,7 @@ from typing import Callable, ClassVar
 import torch
 
 from radiance_ar.transport.copy_engine import bindings_reason, platform
-from radiance_ar.transport.hip_ops import hip_capture_reason
+from radiance_ar.transport.hip_capture import hip_capture_reason
 from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend
@@ -148,7 +148,9 @@ class TransportBackend(Backend):
         if self.world.device.type != "cuda":
             return f"{self.world.device.type}: captured op calls need a GPU"
         if platform(self.world.device) == "hip":
-            return hip_capture_reason(torch.version.hip)
+            reason = hip_capture_reason(torch.version.hip, forced, self.world.host_buffers)
+            if reason is not None:
+                return reason
         if self.transport.trace is not None:
             return "a step trace is recording (it times each step as it is enqueued)"
         if self.world.kind == "gpu-emulated" and not forced and not self.transport.all_passive:

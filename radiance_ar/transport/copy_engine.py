@@ -33,11 +33,12 @@ install (``cuda-python`` for NVIDIA, ``hip-python`` for ROCm).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -45,6 +46,7 @@ from radiance_ar.streams import stream_object
 
 from radiance_ar.transport.cuda_ops import (_cuda, _cuda_ok, cuda_batch, cuda_copy,
     cuda_device_pointer, cuda_wait_value, cuda_write_value)
+from radiance_ar.transport.hip_capture import hip_capture_batch
 from radiance_ar.transport.hip_ops import (_hip, _hip_ok, hip_batch, hip_copy, hip_peer_copy,
     hip_wait_value, hip_write_value)
 from radiance_ar.transport.runtime_errors import BindingsMissing
@@ -158,6 +160,12 @@ class Route:
     dst_device: int = -1
     src_device: int = -1
 
+    def in_graph(self) -> Route:
+        """The route of the same copies inside a graph capture: ``hipMemcpyPeerAsync`` has
+        no capture hook in clr (under capture it would run at once), so a peer copy is a
+        ``hipMemcpyAsync`` of kind Default there, which clr captures as a memcpy node."""
+        return Route("hip-default") if self.kind == "hip-peer" else self
+
 
 def copy_bytes(dst_ptr: int, src_ptr: int, nbytes: int, stream: int, how: Route) -> None:
     """Enqueue a copy of ``nbytes`` from ``src_ptr`` to ``dst_ptr`` on ``stream`` along
@@ -230,6 +238,23 @@ class CopyEngine:
         # views): NoCU, else the runtime runs a blit kernel on CUs. Host memory involved:
         # Default, which ROCm runs on SDMA unless HSA_ENABLE_SDMA=0.
         return Route("hip-nocu" if dst.is_cuda and src.is_cuda else "hip-default")
+
+    @contextlib.contextmanager
+    def in_graph(self) -> Iterator[list]:
+        """While a graph is captured on this device's streams: on ROCm every ``batch`` is
+        added to the graph as explicit nodes (:mod:`radiance_ar.transport.hip_capture`:
+        its stream capture records no stream memory operations), whose parameter arrays
+        collect in the yielded list, to be kept as long as the graph. On CUDA, capture
+        records the batches as they are: nothing changes."""
+        kept: list = []
+        if self.platform != "hip":
+            yield kept
+            return
+        self.batch = lambda stream, ops: kept.extend(hip_capture_batch(stream, ops))
+        try:
+            yield kept
+        finally:
+            self.batch = hip_batch
 
     def stream(self, handle: int) -> torch.cuda.Stream:
         """A torch stream object for a raw stream handle (GPU), made once per handle:

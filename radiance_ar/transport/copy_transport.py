@@ -354,13 +354,25 @@ class CopyTransport:
 
     # ------------------------------------------------------------------ captured op calls
 
-    def capture_round(self, end: Callable[[], None]) -> contextlib.AbstractContextManager[TokenRound]:
+    @contextlib.contextmanager
+    def capture_round(self, end: Callable[[], None]) -> Iterator[TokenRound]:
         """While a graph of op calls is captured on the current stream, ended by ``end()``
-        (:func:`radiance_ar.transport.tokens.capture_round`)."""
+        (:func:`radiance_ar.transport.tokens.capture_round`); copies take their routes in a
+        graph (:meth:`Route.in_graph <radiance_ar.transport.copy_engine.Route.in_graph>`),
+        stream operations their nodes (:meth:`CopyEngine.in_graph
+        <radiance_ar.transport.copy_engine.CopyEngine.in_graph>`)."""
         if not isinstance(self.signals, GpuSignals):
             raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
-        return tokens.capture_round(self.signals, self.call_streams, self.peers,
-                                    self.world.device, end)
+        eager = self._pull_from, self._publish_to
+        self._pull_from = {k: (addr, how.in_graph()) for k, (addr, how) in eager[0].items()}
+        self._publish_to = {k: (addr, how.in_graph()) for k, (addr, how) in eager[1].items()}
+        try:
+            with self.engine.in_graph() as node_params, tokens.capture_round(
+                    self.signals, self.call_streams, self.peers, self.world.device, end) as rnd:
+                rnd.node_params = node_params
+                yield rnd
+        finally:
+            self._pull_from, self._publish_to = eager
 
     def before_replay(self, stream: int) -> None:
         """Before a captured op call is launched on ``stream``: order it after every peer

@@ -116,21 +116,25 @@ class GpuSignals(Signals):
     def wait_tokens(self, peers: list[int], kind: str, calls: list[tuple[int, CallSignature]],
                     stream: int) -> None:
         """Later work of ``stream`` waits for the token ``kind`` of each of ``peers`` for
-        each (k, signature) of ``calls`` and consumes it: every wait and its reset in one
-        batch (one graph node on CUDA per 255 operations, 1.6-1.9 us of host per replay
-        whatever its size: tools/results/2026-12-04-h200-replay-node-costs/)."""
-        ops = []
+        each (k, signature) of ``calls`` and consumes it: every wait, then every reset, in
+        one batch (one graph node on CUDA per 255 operations, 1.6-1.9 us of host per replay
+        whatever its size: tools/results/2026-12-04-h200-replay-node-costs/; two on ROCm,
+        whose batch node may run its operations concurrently: hip_capture.operation_runs).
+        No token is posted again before its reset: a peer posts its next one in a later
+        replay, which waits for this rank's tokens of this one."""
+        waits, resets = [], []
         for k, sig in calls:
             value = token_value(kind, k, sig)
             for peer in peers:
                 if peer in self._passive:
                     continue
                 addr = self.inbox.address(self.rank, kind, peer, k)
-                ops += [("wait_eq", addr, value), ("write", addr, 0)]
+                waits.append(("wait_eq", addr, value))
+                resets.append(("write", addr, 0))
                 self.round.awaited.append(Awaited(word(kind, peer, k, self.size), value, peer,
                                                   kind, k, sig))
-        if ops:
-            self.engine.batch(stream, ops)
+        if waits:
+            self.engine.batch(stream, waits + resets)
 
     def replayed(self, rnd: TokenRound, stream: int) -> None:
         """A graph captured in ``rnd`` was launched on ``stream``: :meth:`check` bounds

@@ -69,9 +69,8 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
 
 def hip_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
     """``ops`` (``("write", addr, value)`` / ``("wait_eq" | "wait_geq", addr, value)``) in
-    order, one call each (eager calls' waits come here too; captured op calls are not built
-    for ROCm, :func:`hip_capture_reason`). ``hipStreamBatchMemOp`` (ROCm 6.4+) would make
-    them one call (docs/history.md: hip-python 10.0's parameter struct)."""
+    order, one call each: an eager call's batch. Inside a capture a batch is a graph node
+    instead (:func:`radiance_ar.transport.hip_capture.hip_capture_batch`)."""
     for what, addr, value in ops:
         if what == "write":
             hip_write_value(stream, addr, value)
@@ -80,27 +79,6 @@ def hip_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
         else:
             raise ValueError(f"hip_batch: operation {what!r}: expected 'write', 'wait_eq' "
                              "or 'wait_geq'")
-
-
-#: the first ROCm whose stream capture records hipStreamWaitValue / hipStreamWriteValue
-#: (the clr changelog); before it only hipGraphAddBatchMemOpNode (6.4+, beta) builds them
-HIP_CAPTURES_STREAM_MEM_OPS = (10, 0)
-
-
-def hip_capture_reason(hip_version: str | None) -> str:
-    """Why the op's sliced calls are not captured into graphs on this ROCm (always a
-    reason today: the captured path was written and measured on CUDA only)."""
-    try:
-        major, minor = (int(p) for p in (hip_version or "").split(".")[:2])
-    except ValueError:
-        return f"ROCm: runtime version {hip_version!r} not understood; captured op calls are off"
-    if (major, minor) < HIP_CAPTURES_STREAM_MEM_OPS:
-        need = ".".join(map(str, HIP_CAPTURES_STREAM_MEM_OPS))
-        return (f"ROCm {major}.{minor}: stream capture does not record hipStreamWaitValue / "
-                f"hipStreamWriteValue before ROCm {need}; every step is enqueued")
-    return (f"ROCm {major}.{minor}: captured op calls are not built for ROCm yet (inside a "
-            "graph peer copies must be hipMemcpyAsync: hipMemcpyPeerAsync has no capture "
-            "hook); every step is enqueued")
 
 
 #: hipHostRegisterPortable | hipHostRegisterMapped (hip_runtime_api.h)

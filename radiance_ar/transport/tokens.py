@@ -91,6 +91,9 @@ class TokenRound:
     pulled_bytes: int = 0
     #: recorded by the graph as its last node (CUDA): a replay has ended once it has
     end_event: Any = None
+    #: what the graph's nodes read at every launch, kept as long as the round (ROCm's
+    #: batch nodes: :mod:`radiance_ar.transport.hip_capture`)
+    node_params: list = field(default_factory=list)
 
     def begin(self, sig: CallSignature) -> int:
         """A new call of the graph; returns its k."""
@@ -148,7 +151,9 @@ def capture_round(signals: Any, call_streams: Any, peers: list[int], device: tor
             yield rnd
             consume_done(signals, rnd, peers, sorted(rnd.unconsumed_done),
                          current_stream_handle(device))
-            if device.type == "cuda":  # the graph's last node: the replay's end (check)
+            # The graph's last node: the replay's end (check). CUDA only: clr captures an
+            # external event record from ROCm 6.4.2 on; there the host records it per replay.
+            if device.type == "cuda" and not torch.version.hip:
                 rnd.end_event = torch.cuda.Event(external=True)
                 rnd.end_event.record(torch.cuda.current_stream(device))
     finally:

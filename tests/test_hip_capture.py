@@ -1,0 +1,142 @@
+"""ROCm's captured op calls (radiance_ar.transport.hip_capture) against the real hip-python,
+without ROCm: the gate, the parameter layout of hip_runtime_api.h, the runs a batch is cut
+into, and the three runtime calls that add each node to a capture, recorded instead of made
+(the bindings' own enums, structs and handle types)."""
+
+import ctypes
+
+import pytest
+import torch
+
+from radiance_ar.transport import copy_engine, hip_capture
+from radiance_ar.transport.copy_engine import CopyEngine, Route
+from radiance_ar.transport.runtime_errors import CopyEngineError
+
+
+@pytest.mark.parametrize("version, forced, host_buffers, says", [
+    ("6.3.42131", True, False, "no hipGraphAddBatchMemOpNode before ROCm 6.4"),
+    ("6.4.43482-0f2d60242", False, False, "have not run on an AMD GPU yet; "
+                                          "RADIANCE_AR_OP_GRAPHS=on turns them on"),
+    ("7.1.25424", True, True, "blit kernels on compute units"),
+    ("7.1.25424", True, False, None),
+    ("10.0.0", True, False, None),
+    (None, True, False, "runtime version None not understood"),
+    ("rocm-dev", True, False, "'rocm-dev' not understood")])
+def test_the_gate_names_the_runtime_and_needs_to_be_asked(version, forced, host_buffers, says):
+    reason = hip_capture.hip_capture_reason(version, forced, host_buffers)
+    assert reason is None if says is None else says in reason
+
+
+def test_the_parameters_are_laid_out_as_hip_runtime_api_h_has_them():
+    # hipStreamBatchMemOpParams: a 48-byte union; operation 0, address 8, value 16,
+    # flags 24, alias 32 (hip-python 10.0's wrapper puts flags at 16: docs/history.md)
+    P = hip_capture.HipBatchParams
+    assert ctypes.sizeof(P) == 48
+    assert [getattr(P, f).offset for f in ("operation", "address", "value64", "flags",
+                                           "alias")] == [0, 8, 16, 24, 32]
+
+
+def test_a_batch_is_cut_into_runs_of_one_kind_in_order():
+    ops = [("wait_eq", 1, 5), ("wait_geq", 2, 6), ("write", 1, 0), ("write", 2, 0),
+           ("wait_eq", 3, 7)]
+    assert hip_capture.operation_runs(ops) == [ops[:2], ops[2:4], ops[4:]]
+    many = [("write", a, 1) for a in range(600)]
+    assert [len(r) for r in hip_capture.operation_runs(many)] == [255, 255, 90]
+    assert hip_capture.operation_runs([]) == []
+
+
+class CapturingHip:
+    """hip-python's real ``hip`` module with the capture calls recorded: a stream whose
+    capture frontier starts at node 0x100 and moves to each node set as its dependency."""
+
+    def __init__(self, status="hipStreamCaptureStatusActive"):
+        self.real = pytest.importorskip("hip").hip
+        self.status = getattr(self.real.hipStreamCaptureStatus, status)
+        self.frontier = (ctypes.c_void_p * 1)(0x100)  # the stream's last captured node
+        self.graph = self.real.ihipGraph.fromObj(0xA000)
+        self.nodes = []  # (deps, count, ops read from the parameter array, ctx)
+        self.updates = []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def _ok(self):
+        return self.real.hipError_t.hipSuccess
+
+    def hipCtxGetCurrent(self):
+        return self._ok(), self.real.ihipCtx_t.fromObj(0xC000)
+
+    def hipStreamGetCaptureInfo_v2(self, stream, deps_out):
+        ctypes.c_void_p.from_address(deps_out).value = ctypes.addressof(self.frontier)
+        return self._ok(), self.status, 1, self.graph, len(self.frontier)
+
+    def hipGraphAddBatchMemOpNode(self, graph, deps, ndeps, params):
+        assert int(graph) == 0xA000 and params.flags == 0 and int(params.ctx) == 0xC000
+        array = (hip_capture.HipBatchParams * params.count).from_address(int(params.paramArray))
+        ops = [(p.operation, p.address, p.value64, p.flags) for p in array]
+        self.nodes.append(([ctypes.c_void_p.from_address(deps + 8 * i).value
+                            for i in range(ndeps)], ops))
+        return self._ok(), self.real.hipGraphNode.fromObj(0x200 + len(self.nodes))
+
+    def hipStreamUpdateCaptureDependencies(self, stream, nodes, count, flags):
+        new = [ctypes.c_void_p.from_address(nodes + 8 * i).value for i in range(count)]
+        self.updates.append((stream, new, flags))
+        self.frontier = (ctypes.c_void_p * count)(*new)
+        return (self._ok(),)
+
+
+def test_each_run_becomes_a_node_after_the_streams_captured_work(monkeypatch):
+    hip = CapturingHip()
+    monkeypatch.setattr(hip_capture, "_hip", lambda: hip)
+    ops = [("wait_eq", 0x3000, 5), ("wait_eq", 0x3008, 6), ("write", 0x3000, 0),
+           ("write", 0x3008, 0)]
+    kept = hip_capture.hip_capture_batch(7, ops)
+    # hip_runtime_api.h: hipStreamMemOpWaitValue64 4, WriteValue64 5; hipStreamWaitValueEq 1
+    assert hip.nodes == [([0x100], [(4, 0x3000, 5, 1), (4, 0x3008, 6, 1)]),
+                         ([0x201], [(5, 0x3000, 0, 0), (5, 0x3008, 0, 0)])]
+    set_deps = int(hip.hipStreamUpdateCaptureDependenciesFlags.hipStreamSetCaptureDependencies)
+    assert hip.updates == [(7, [0x201], set_deps), (7, [0x202], set_deps)]
+    assert len(kept) == 2 and [len(a) for a in kept] == [2, 2]  # what the nodes read
+
+
+def test_a_stream_not_capturing_is_refused(monkeypatch):
+    hip = CapturingHip(status="hipStreamCaptureStatusNone")
+    monkeypatch.setattr(hip_capture, "_hip", lambda: hip)
+    with pytest.raises(CopyEngineError, match="stream 0x7 is not capturing"):
+        hip_capture.hip_capture_batch(7, [("write", 0x3000, 1)])
+    assert hip.nodes == []
+
+
+def test_without_rocm_the_capture_says_the_runtime_could_not_be_used():
+    pytest.importorskip("hip")
+    if torch.version.hip:
+        pytest.skip("a ROCm machine: its runtime loads")
+    with pytest.raises(CopyEngineError, match="HIP runtime could not be used.*libamdhip64"):
+        hip_capture.hip_capture_batch(0, [("write", 1, 1)])
+
+
+def test_a_peer_copy_inside_a_graph_is_a_plain_async_copy():
+    # hipMemcpyPeerAsync has no capture hook in clr: inside a capture it would run at once
+    assert Route("hip-peer", 1, 0).in_graph() == Route("hip-default")
+    for kept in (Route("hip-nocu"), Route("hip-default"), Route("cuda"), Route("cpu")):
+        assert kept.in_graph() == kept
+
+
+@pytest.mark.parametrize("hip_version", [None, "7.1.25424"])
+def test_an_engine_adds_nodes_only_on_rocm_and_only_while_a_graph_is_captured(
+        monkeypatch, hip_version):
+    pytest.importorskip("hip")
+    pytest.importorskip("cuda.bindings")
+    monkeypatch.setattr(torch.version, "hip", hip_version)
+    added = []
+    monkeypatch.setattr(copy_engine, "hip_capture_batch",
+                        lambda stream, ops: added.append((stream, ops)) or ["params"])
+    engine = CopyEngine(torch.device("cuda", 0))
+    eager = engine.batch
+    with engine.in_graph() as kept:
+        if hip_version:
+            engine.batch(3, [("write", 0x10, 1)])
+            assert added == [(3, [("write", 0x10, 1)])] and kept == ["params"]
+        else:  # CUDA's stream capture records the eager batch as it is
+            assert engine.batch is eager
+    assert engine.batch is eager  # restored
