@@ -214,7 +214,8 @@ KNOBS: dict[str, Knob] = {
              "replays it, one launch per call (`radiance_ar/overlap/graphs.py`); `off`: every "
              "step of every slice is enqueued from Python; `auto`: on, except for emulated "
              "ranks with active peers (one process: a capture can block while a peer waits "
-             "on this rank)",
+             "on this rank) and on ROCm (written, never run on an AMD GPU: `on` turns it on "
+             "from ROCm 6.4, outside host-memory worlds)",
              words=OP_GRAPHS),
         Knob("RADIANCE_AR_OP_GRAPHS_MAX", int, 256,
              "captured op calls kept per process (least recently used dropped first): one "
