@@ -104,7 +104,7 @@ class SdmaBackend(TransportBackend):
             except BaseException as e:
                 self.signals.fail(e)
                 raise
-        return typed_view(tr.source("pub"), rows, cols, dtype)
+        return typed_view(tr.buffers.source("pub"), rows, cols, dtype)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
         check_slice(slice_in, out)
@@ -121,7 +121,7 @@ class SdmaBackend(TransportBackend):
             self._publish(t, off, staged, local, nbytes, stream)
             if self.schedule_for(nbytes) == "oneshot":
                 tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
-                self._reduce([local if q == self.world.rank else tr.recv_address(q, off)
+                self._reduce([local if q == self.world.rank else tr.buffers.recv_address(q, off)
                               for q in range(self.world.size)], out_addr, out.numel(),
                              out.dtype, stream)
             else:
@@ -172,12 +172,12 @@ class SdmaBackend(TransportBackend):
         staged at offset 0 (every rank alike). No work is enqueued."""
         tr = self.transport
         nbytes = slice_in.numel() * slice_in.element_size()
-        base = tr.source("pub")
+        base = tr.buffers.source("pub")
         off = slice_in.data_ptr() - base.data_ptr()
         inside = slice_in.device == base.device and 0 <= off and off + nbytes <= tr.capacity
         if inside and off % slice_in.element_size():
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
-        return (off, tr.staged) if inside else (0, True)  # host buffers: the D2H publish
+        return (off, tr.buffers.staged) if inside else (0, True)  # host buffers: the D2H publish
 
     def _publish(self, t: int, off: int, staged: bool, addr: int, nbytes: int,
                  stream: int) -> None:
@@ -192,15 +192,15 @@ class SdmaBackend(TransportBackend):
         bounds = shard_bounds(out.numel(), self.world.size, e)
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
-        tr.pull_from("ready", t, [(p, tr.recv_address(p, off), off + lo * e, (hi - lo) * e)
+        tr.pull_from("ready", t, [(p, tr.buffers.recv_address(p, off), off + lo * e, (hi - lo) * e)
                                   for p in tr.peers], stream, what)
         out_addr = out.data_ptr()
-        operands = [local + lo * e if q == r else tr.recv_address(q, off)
+        operands = [local + lo * e if q == r else tr.buffers.recv_address(q, off)
                     for q in range(self.world.size)]
         if self.world.kind == "gpu-symm":
             # red is this GPU's memory: the kernel writes it too (no same-device D2D copy).
             self._reduce(operands, out_addr + lo * e, hi - lo, out.dtype, stream,
-                         also=tr.local_address("red") + off + lo * e)
+                         also=tr.buffers.local_address("red") + off + lo * e)
             self.signals.post("reduced", t, stream)
         else:
             self._reduce(operands, out_addr + lo * e, hi - lo, out.dtype, stream)

@@ -219,12 +219,12 @@ class SdmaWht6Backend(TransportBackend):
         """Encode ``slice_in`` into this rank's payload (fenced) and publish it as call
         ``t``'s ``ready``; returns the local payload."""
         tr = self.transport
-        if not tr.staged:  # the encode below writes the peer-visible buffer itself
+        if not tr.buffers.staged:  # the encode below writes the peer-visible buffer itself
             tr.fence(0, nbytes, stream)
-        encoded = tr.source("pub")[:nbytes].view(shape)
+        encoded = tr.buffers.source("pub")[:nbytes].view(shape)
         with traced(tr.trace, stream, "encode"):
             wht6.encode(slice_in, out=encoded)
-        if tr.staged:  # the D2H publish, fenced (on the publish lane where there is one)
+        if tr.buffers.staged:  # the D2H publish, fenced (on the publish lane where there is one)
             tr.publish(t, "ready", 0, encoded.data_ptr(), nbytes, stream, fence=(0, nbytes))
         else:
             self.signals.post("ready", t, stream)
@@ -239,7 +239,7 @@ class SdmaWht6Backend(TransportBackend):
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
         # Compressed reduce-scatter: shard r of every payload, summed in rank order.
-        got = {p: tr.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb) for p in tr.peers}
+        got = {p: tr.buffers.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb) for p in tr.peers}
         tr.pull_from("ready", t, [(p, got[p].data_ptr(), lo * rb, (hi - lo) * rb)
                                   for p in tr.peers], stream, what)
         if hi > lo:
@@ -248,11 +248,11 @@ class SdmaWht6Backend(TransportBackend):
                 wht6.decode_accumulate(shards, (hi - lo, cols), out.dtype, out=out[lo:hi])
         # The gathered payload: every rank's re-encoded shard at its own rows, so one
         # decode ends the call. Mine is encoded into it and published from it.
-        gathered = tr.source("red")[:rows * rb].view(rows, rb)
+        gathered = tr.buffers.source("red")[:rows * rb].view(rows, rb)
         if hi > lo:
             with traced(tr.trace, stream, "encode reduced"):
                 wht6.encode(out[lo:hi], out=gathered[lo:hi])
-        tr.publish(t, "reduced", lo * rb if tr.staged else None,
+        tr.publish(t, "reduced", lo * rb if tr.buffers.staged else None,
                    gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.
         at = gathered.data_ptr()

@@ -5,7 +5,8 @@ and waits with flags (:mod:`radiance_ar.transport.signals`): no compute units wh
 backends built on it (``sdma``, ``sdma_wht6``) each hold one :class:`CopyTransport` and
 decide what is published, what is pulled and what is computed from it. In plain terms,
 rank r's ``publish`` is ``pub[r][off:off+n] = src; ready[r] = t`` and its ``pull`` of
-peer p is ``wait until ready[p] == t; dst[:] = pub[p][off:off+n]``.
+peer p is ``wait until ready[p] == t; dst[:] = pub[p][off:off+n]``. The buffers and the
+routes of copies between them are ``self.buffers`` (:mod:`radiance_ar.transport.transport_buffers`).
 
 One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream or
 on one of two call streams entered from it (:mod:`radiance_ar.transport.call_streams`; in the
@@ -59,17 +60,16 @@ import torch
 
 from radiance_ar.transport import passive_peers
 from radiance_ar.transport.call_streams import CallStreams, Footprint
-from radiance_ar.transport.copy_engine import (CopyEngine, Route, copy_bytes, dedicated_stream,
-    platform)
+from radiance_ar.transport.copy_engine import CopyEngine, copy_bytes, dedicated_stream, platform
 from radiance_ar.transport.gpu_signals import GpuSignals
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.buffers import grown_size, refuse_growth_in_capture
-from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.publish_lane import PublishLane
 from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, Signals
 from radiance_ar.transport import tokens
 from radiance_ar.transport.tokens import TokenRound, inbox_bytes
 from radiance_ar.transport.trace import StepTrace, traced
+from radiance_ar.transport.transport_buffers import TransportBuffers
 from radiance_ar.transport.world import World
 
 MAX_PENDING = 64  # reuse-fence entries kept before the oldest is waited for
@@ -91,10 +91,6 @@ class CopyTransport:
                  stage_reduced: bool = False, call_streams: int = 1):
         self.world, self.owner = world, owner
         size = world.size
-        #: buffers in host memory: publishes copy a device stage into them (D2H), pulls
-        #: copy out of them (H2D); gpu-emulated and gpu-host
-        self.staged = world.host_buffers
-        self.reduced, self.stage_reduced = reduced and size > 1, stage_reduced
         self.engine = CopyEngine(world.device) if size > 1 else None
         #: host-memory worlds: publishes (D2H) on their own stream, beside the pulls (H2D).
         #: Without it gpu-host's sdma ran at 0.46-0.51 of the link against 0.85-0.90
@@ -114,16 +110,9 @@ class CopyTransport:
         #: the peers in pull order: from the next rank on, so the W ranks do not all pull
         #: from rank 0 first
         self.peers = [(world.rank + k) % size for k in range(1, size)]
-        self.capacity = 0  # bytes of one buffer
-        self.pub: PeerBuffer | None = None
-        self.red: PeerBuffer | None = None
-        self._stage: dict[str, torch.Tensor] = {}  # staged: device stages of pub / red
-        self._recv: torch.Tensor | None = None  # W-1 private receive buffers
-        #: (buffer, peer) -> (address of the peer's buffer, route of a pull from it):
-        #: a call's pulls are address arithmetic, no tensor view per step (host time)
-        self._pull_from: dict[tuple[str, int], tuple[int, Route]] = {}
-        #: buffer -> (address of my part of it, route of a publish into it)
-        self._publish_to: dict[str, tuple[int, Route]] = {}
+        #: pub, red, the stages and receive slots, and the routes of copies between them
+        self.buffers = TransportBuffers(world, self.engine, self.peers,
+                                        reduced=reduced and size > 1, stage_reduced=stage_reduced)
         self._pending: list[tuple[int, int, int]] = []  # (epoch, lo, hi) peers may still read
         #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
         self.pulled_bytes = 0
@@ -151,28 +140,12 @@ class CopyTransport:
                                  self.world.device)
         self.quiesce()
         self.call_streams.handles()  # before any call can park a stream (the module doc)
-        grown = grown_size(nbytes, self.capacity, BUFFER_ALIGN)
-        self.close()
-        mem, dev, size = self.world.memory, self.world.device, self.world.size
-        self.pub = mem.allocate("sdma.pub", grown)
-        if self.reduced:
-            self.red = mem.allocate("sdma.red", grown)
-        if self.staged:
-            self._stage["pub"] = torch.empty(grown, dtype=torch.uint8, device=dev)
-            if self.red is not None and self.stage_reduced:
-                self._stage["red"] = torch.empty(grown, dtype=torch.uint8, device=dev)
-        if size > 1:
-            self._recv = torch.empty((size - 1) * grown, dtype=torch.uint8, device=dev)
-            for name, buf in (("pub", self.pub), ("red", self.red)):
-                if buf is None:
-                    continue
-                # a publish copies this rank's device memory (like the receive buffer)
-                self._publish_to[name] = (buf.local.data_ptr(),
-                                          self.engine.route(buf.local, self._recv))
-                for p in self.peers:
-                    self._pull_from[name, p] = (buf.peer(p).data_ptr(),
-                                                self.engine.route(self._recv, buf.peer(p)))
-        self.capacity = grown
+        self.buffers.allocate(grown_size(nbytes, self.capacity, BUFFER_ALIGN))
+
+    @property
+    def capacity(self) -> int:
+        """Bytes of one buffer (0: none yet)."""
+        return self.buffers.capacity
 
     def check_fits(self, nbytes: int) -> int:
         """``nbytes``, or ``ValueError`` if a call of that many bytes exceeds the buffers."""
@@ -219,42 +192,9 @@ class CopyTransport:
         of them at its end (:meth:`radiance_ar.transport.call_streams.CallStreams.overlapped`)."""
         return self.call_streams.overlapped()
 
-    def source(self, buffer: str = "pub") -> torch.Tensor:
-        """Where this rank writes the bytes it publishes in ``buffer`` (``"pub"`` or
-        ``"red"``): its local bytes, or where the buffers are host memory its device
-        stage (the publish then copies the stage into the buffer, D2H)."""
-        stage = self._stage.get(buffer)
-        if stage is not None:
-            return stage
-        return (self.pub if buffer == "pub" else self.red).local
-
-    def _recv_offset(self, peer: int) -> int:
-        """Where ``peer``'s private receive buffer starts in ``_recv`` (capacity bytes each)."""
-        return (peer - self.world.rank - 1) % self.world.size * self.capacity  # slot 0..W-2
-
-    def recv_slot(self, peer: int, nbytes: int, at: int = 0) -> torch.Tensor:
-        """Bytes [at, at + nbytes) of ``peer``'s private receive buffer. A call receives at
-        its own offset in ``pub`` (the buffers share one layout), so calls on disjoint
-        bytes can be in flight together (:mod:`radiance_ar.transport.call_streams`)."""
-        assert 0 <= at and at + nbytes <= self.capacity, (at, nbytes)
-        start = self._recv_offset(peer) + at
-        return self._recv[start:start + nbytes]
-
-    def recv_address(self, peer: int, at: int = 0) -> int:
-        """The address of byte ``at`` of ``peer``'s receive buffer (:meth:`recv_slot`, no view)."""
-        return self._recv.data_ptr() + self._recv_offset(peer) + at
-
-    def local_address(self, buffer: str) -> int:
-        """The address of this rank's part of ``buffer`` (``"pub"`` or ``"red"``)."""
-        return self._publish_to[buffer][0]
-
     def close(self) -> None:
         """Drop every buffer (capacity 0)."""
-        self.pub = self.red = self._recv = None
-        self._stage.clear()
-        self._pull_from.clear()
-        self._publish_to.clear()
-        self.capacity = 0
+        self.buffers.close()
 
     # ------------------------------------------------------------------ steps
 
@@ -294,7 +234,7 @@ class CopyTransport:
         with traced(self.trace, on, "publish" if slot == "ready" else "publish reduced"):
             if dst_off is not None and nbytes:
                 assert 0 <= dst_off and dst_off + nbytes <= self.capacity, (dst_off, nbytes)
-                base, how = self._publish_to["red" if slot == "reduced" else "pub"]
+                base, how = self.buffers.publish_routes["red" if slot == "reduced" else "pub"]
                 copy_bytes(base + dst_off, src_addr, nbytes, on, how)
             self.signals.post(slot, t, on)
 
@@ -315,7 +255,7 @@ class CopyTransport:
         rnd = getattr(self.signals, "round", None)
         for peer, dst_addr, src_off, nbytes in pulls:
             assert 0 <= src_off and src_off + nbytes <= self.capacity, (src_off, nbytes)
-            base, how = self._pull_from[buffer, peer]
+            base, how = self.buffers.pull_routes[buffer, peer]
             with traced(self.trace, stream, "pull reduced" if slot == "reduced" else "pull", peer):
                 if nbytes:
                     copy_bytes(dst_addr, base + src_off, nbytes, stream, how)
@@ -329,7 +269,7 @@ class CopyTransport:
         """Pull bytes [off, off + nbytes) of every peer's ``pub`` into the same bytes of its
         receive slot (after its ``ready`` of call ``t``), then post ``done``; returns
         peer -> those received bytes."""
-        got = {p: self.recv_slot(p, nbytes, off) for p in self.peers}
+        got = {p: self.buffers.recv_slot(p, nbytes, off) for p in self.peers}
         self.pull_from("ready", t, [(p, got[p].data_ptr(), off, nbytes) for p in self.peers],
                        stream, what)
         self.post_done(t, stream)
@@ -363,16 +303,11 @@ class CopyTransport:
         <radiance_ar.transport.copy_engine.CopyEngine.in_graph>`)."""
         if not isinstance(self.signals, GpuSignals):
             raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
-        eager = self._pull_from, self._publish_to
-        self._pull_from = {k: (addr, how.in_graph()) for k, (addr, how) in eager[0].items()}
-        self._publish_to = {k: (addr, how.in_graph()) for k, (addr, how) in eager[1].items()}
-        try:
-            with self.engine.in_graph() as node_params, tokens.capture_round(
-                    self.signals, self.call_streams, self.peers, self.world.device, end) as rnd:
-                rnd.node_params = node_params
-                yield rnd
-        finally:
-            self._pull_from, self._publish_to = eager
+        with self.buffers.in_graph(), self.engine.in_graph() as node_params, \
+                tokens.capture_round(self.signals, self.call_streams, self.peers,
+                                     self.world.device, end) as rnd:
+            rnd.node_params = node_params
+            yield rnd
 
     def before_replay(self, stream: int) -> None:
         """Before a captured op call is launched on ``stream``: order it after every peer
@@ -453,7 +388,7 @@ class CopyTransport:
         flags pass every wait (:meth:`radiance_ar.transport.signals.Signals.set_passive`). Host
         writes: after :meth:`ensure_capacity`, with no call in flight."""
         fill = passive_peers.repeated_bytes(payload, self.capacity)
-        for buf in (self.pub, self.red):
+        for buf in (self.buffers.pub, self.buffers.red):
             if buf is not None:
                 passive_peers.fill_other_ranks(buf, self.world.rank, fill)
         for p in self.peers:
