@@ -101,3 +101,49 @@ def test_the_keys_remembered_are_bounded():
 def test_limit_is_checked():
     with pytest.raises(ValueError, match="limit 0"):
         GraphCache(torch.device("cpu"), 0)
+
+
+@pytest.mark.parametrize("fails", [None, "begin", "body", "end"])
+def test_a_capture_is_ended_exactly_once_on_every_path(monkeypatch, fails):
+    # capture_cuda_graph hands capture_end to the backend's round, which ends the capture
+    # (and undoes its marks if that fails); a round that never began leaves it to the cache.
+    # torch.cuda's capture calls stand in here (no GPU), the cache's protocol is the real one.
+    from radiance_ar.overlap import graphs
+    state = {"capturing": False, "ends": 0}
+
+    class Graph:
+        def capture_begin(self, pool, capture_error_mode):
+            state["capturing"] = True
+
+        def capture_end(self):
+            state["capturing"], state["ends"] = False, state["ends"] + 1
+            if fails == "end":
+                raise RuntimeError("capture_end failed")
+
+    class RoundBackend:
+        @contextlib.contextmanager
+        def capture_round(self, end):
+            if fails == "begin":
+                raise TypeError("the round could not begin")
+            try:
+                yield "round"
+            finally:
+                end()
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(graphs, "dedicated_stream", lambda device: "capture stream")
+
+    def run():
+        if fails == "body":
+            raise RuntimeError("the body failed")
+
+    cache = GraphCache(torch.device("cpu"), 2)
+    if fails is None:
+        assert cache.capture_cuda_graph(RoundBackend(), run)[1] == "round"
+    else:
+        with pytest.raises((RuntimeError, TypeError), match="failed|could not begin"):
+            cache.capture_cuda_graph(RoundBackend(), run)
+    assert state == {"capturing": False, "ends": 1}

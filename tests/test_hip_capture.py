@@ -31,7 +31,8 @@ def test_the_parameters_are_laid_out_as_hip_runtime_api_h_has_them():
     # hipStreamBatchMemOpParams: a 48-byte union; operation 0, address 8, value 16,
     # flags 24, alias 32 (hip-python 10.0's wrapper puts flags at 16: docs/history.md)
     P = hip_capture.HipBatchParams
-    assert ctypes.sizeof(P) == 48
+    union = pytest.importorskip("hip").hip.hipStreamBatchMemOpParams_union
+    assert ctypes.sizeof(P) == union().c_sizeof() == 48  # the bindings' own size
     assert [getattr(P, f).offset for f in ("operation", "address", "value64", "flags",
                                            "alias")] == [0, 8, 16, 24, 32]
 
@@ -132,11 +133,31 @@ def test_an_engine_adds_nodes_only_on_rocm_and_only_while_a_graph_is_captured(
     monkeypatch.setattr(copy_engine, "hip_capture_batch",
                         lambda stream, ops: added.append((stream, ops)) or ["params"])
     engine = CopyEngine(torch.device("cuda", 0))
-    eager = engine.batch
-    with engine.in_graph() as kept:
-        if hip_version:
-            engine.batch(3, [("write", 0x10, 1)])
-            assert added == [(3, [("write", 0x10, 1)])] and kept == ["params"]
-        else:  # CUDA's stream capture records the eager batch as it is
-            assert engine.batch is eager
-    assert engine.batch is eager  # restored
+    engine.batch = eager = lambda stream, ops: None  # whatever was bound is put back
+    with pytest.raises(RuntimeError, match="the capture failed"):
+        with engine.in_graph() as kept:
+            if hip_version:
+                engine.batch(3, [("write", 0x10, 1)])
+                assert added == [(3, [("write", 0x10, 1)])] and kept == ["params"]
+            else:  # CUDA's stream capture records the eager batch as it is
+                assert engine.batch is eager and kept == []
+            raise RuntimeError("the capture failed")
+    assert engine.batch is eager
+
+
+def test_buffers_hold_graph_routes_only_while_a_graph_is_captured():
+    from radiance_ar.transport.transport_buffers import TransportBuffers
+    from radiance_ar.transport.world import single_world
+    buffers = TransportBuffers(single_world("cpu"), None, [1], reduced=False,
+                               stage_reduced=False)
+    peer, local = Route("hip-peer", 1, 0), Route("hip-nocu")
+    buffers.pull_routes[("pub", 1)] = (0x1000, peer)
+    buffers.publish_routes["pub"] = (0x2000, local)
+    eager = buffers.pull_routes, buffers.publish_routes
+    with pytest.raises(RuntimeError, match="the capture failed"):
+        with buffers.in_graph():
+            assert buffers.pull_routes == {("pub", 1): (0x1000, Route("hip-default"))}
+            assert buffers.publish_routes == {"pub": (0x2000, local)}
+            raise RuntimeError("the capture failed")
+    assert (buffers.pull_routes, buffers.publish_routes) == eager
+    assert buffers.pull_routes[("pub", 1)][1] is peer

@@ -219,9 +219,10 @@ class Backend(abc.ABC):
         return ()
 
     def capture_round(self, end: Callable[[], None]) -> contextlib.AbstractContextManager:
-        """While the op captures one call's sliced path (see :meth:`replay_reason`); the
-        block's end calls ``end()`` (``CUDAGraph.capture_end``) on every path, so that what
-        the round marked is undone if ending the capture fails."""
+        """While the op captures one call's sliced path (see :meth:`replay_reason`); once
+        the round has begun, its end calls ``end()`` (``CUDAGraph.capture_end``) on every
+        path, so that what the round marked is undone if ending the capture fails (a round
+        that never began leaves the capture to its caller to end)."""
         raise TypeError(self.replay_reason())
 
     def replay_call(self, sig: CallSignature, captured: object,

@@ -81,7 +81,8 @@ COMPUTE_UNITS = {
         "were never checked here (one GPU); run radiance_ar.diagnostics.cu_free_check on a multi-GPU box")),
     ("gpu-symm", "hip"): (True, (
         "not verified: hipMemcpyAsync NoCU on mapped peer memory; ROCm 7.x bugs (NoCU ignored "
-        "for P2P before rocm-systems#9100, #11318 unwritten destinations, #11510 gfx90a)")),
+        "for P2P before rocm-systems#9100, #11318 unwritten destinations, #11510 gfx90a); "
+        "captured op calls (RADIANCE_AR_OP_GRAPHS=on) wait in a kernel of clr's")),
 }
 
 

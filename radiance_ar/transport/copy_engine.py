@@ -155,7 +155,8 @@ class Route:
     that a call's copies are plain address arithmetic (no tensor view per step).
     ``kind``: ``cpu`` (memmove), ``cuda`` (cudaMemcpyAsync Default), ``hip-peer``
     (hipMemcpyPeerAsync between ``dst_device`` and ``src_device``), ``hip-nocu`` (both
-    on this device) or ``hip-default`` (host memory involved)."""
+    on this device) or ``hip-default`` (host memory involved; inside a graph, a peer copy
+    too: :meth:`in_graph`)."""
     kind: str
     dst_device: int = -1
     src_device: int = -1
@@ -163,7 +164,8 @@ class Route:
     def in_graph(self) -> Route:
         """The route of the same copies inside a graph capture: ``hipMemcpyPeerAsync`` has
         no capture hook in clr (under capture it would run at once), so a peer copy is a
-        ``hipMemcpyAsync`` of kind Default there, which clr captures as a memcpy node."""
+        ``hipMemcpyAsync`` of kind Default there, which clr captures as a memcpy node and
+        runs as a peer-to-peer copy command, as it runs ``hipMemcpyPeerAsync``."""
         return Route("hip-default") if self.kind == "hip-peer" else self
 
 
@@ -250,11 +252,12 @@ class CopyEngine:
         if self.platform != "hip":
             yield kept
             return
+        eager = self.batch
         self.batch = lambda stream, ops: kept.extend(hip_capture_batch(stream, ops))
         try:
             yield kept
         finally:
-            self.batch = hip_batch
+            self.batch = eager
 
     def stream(self, handle: int) -> torch.cuda.Stream:
         """A torch stream object for a raw stream handle (GPU), made once per handle:

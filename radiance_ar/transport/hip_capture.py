@@ -18,9 +18,12 @@ hip_peer.cpp; not run here), and what follows:
 - ``hipGraphAddBatchMemOpNode`` exists from ROCm 6.4 (marked beta) and refuses a null
   ``ctx``, a ``count`` over 256 and ``flags`` other than 0. The node keeps the POINTER to
   the parameter array and reads it at every launch: the arrays live as long as the graph.
-- At launch the node is a small kernel; before a fix in later clr it ran the batch's
-  operations concurrently, one work-item each. So a node holds operations of one kind
-  only (waits, or writes), in stream order: a wait and the reset of its word are two nodes.
+- At launch the node is a small kernel (``__amd_rocclr_batchMemOp``), not a front-end
+  wait: a captured call's waits poll on compute units, beside the GEMM, where the eager
+  calls' ``hipStreamWaitValue64`` hold none. How much that costs the GEMM is not measured.
+  Before a fix in later clr the kernel ran a batch's operations concurrently, one
+  work-item each, so a node holds operations of one kind only (waits, or writes), in
+  stream order: a wait and the reset of its word are two nodes.
 - The parameter array is laid out by ctypes (:class:`HipBatchParams`): hip-python 10.0's
   wrapper of the member struct drops its anonymous value union and writes ``flags`` where
   ROCm reads the value (docs/history.md).
@@ -148,5 +151,6 @@ def hip_capture_reason(hip_version: str | None, forced: bool, host_buffers: bool
                 "every step is enqueued")
     if not forced:
         return (f"{have}: captured op calls (explicit batch memory-operation nodes, beta in "
-                "ROCm) have not run on an AMD GPU yet; RADIANCE_AR_OP_GRAPHS=on turns them on")
+                "ROCm, whose waits poll in a small kernel) have not run on an AMD GPU yet; "
+                "RADIANCE_AR_OP_GRAPHS=on turns them on")
     return None

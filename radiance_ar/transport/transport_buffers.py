@@ -106,12 +106,14 @@ class TransportBuffers:
     def in_graph(self) -> Iterator[None]:
         """While a graph is captured: every route as a graph holds it
         (:meth:`Route.in_graph <radiance_ar.transport.copy_engine.Route.in_graph>`)."""
-        eager = self.pull_routes, self.publish_routes
+        eager, capacity = (self.pull_routes, self.publish_routes), self.capacity
         self.pull_routes = {k: (a, how.in_graph()) for k, (a, how) in eager[0].items()}
         self.publish_routes = {k: (a, how.in_graph()) for k, (a, how) in eager[1].items()}
         try:
             yield
         finally:
+            # growth is refused in capture: the eager routes still point at these buffers
+            assert self.capacity == capacity, (capacity, self.capacity)
             self.pull_routes, self.publish_routes = eager
 
     def close(self) -> None:
