@@ -53,6 +53,10 @@ AUTO_WHT6_TWOSHOT_MIN_BYTES = 3 << 20
 # it, and a first compile while a peer's stream waits can deadlock emulated ranks).
 SHARD_ALIGN_BYTES = 16
 
+#: how clr runs stream waits (its source, radiance_ar/transport/hip_ops.py; not measured)
+HIP_WAITS = ("each flag wait and write is a one-work-item kernel of clr's polling on a compute "
+             "unit (GPU_STREAMOPS_CP_WAIT=1 would need signal memory)")
+
 # (world kind, platform) -> (holds compute units while waiting?, why). False only where
 # the whole transport (waits and copies) is known to run without SMs/CUs.
 COMPUTE_UNITS = {
@@ -67,14 +71,16 @@ COMPUTE_UNITS = {
         "a GEMM 8192x4352x5120 ran 0.500 ms alone, 0.499 ms beside it")),
     ("gpu-emulated", "hip"): (True, (
         "not verified on ROCm: H2D/D2H should take SDMA (ROCm CLR code) unless "
-        "HSA_ENABLE_SDMA=0; run radiance_ar.diagnostics.cu_free_check on the machine")),
+        "HSA_ENABLE_SDMA=0; " + HIP_WAITS + "; run radiance_ar.diagnostics.cu_free_check on the "
+        "machine")),
     ("gpu-host", "cuda"): (False, (
         "the operations of gpu-emulated (cuStreamWaitValue32; D2H/H2D copies with host memory "
         "pinned by cudaHostRegister, on copy engines), measured CU-free there; not measured "
         "in this world itself")),
     ("gpu-host", "hip"): (True, (
         "not verified on ROCm: H2D/D2H with hipHostRegister'd memory should take SDMA unless "
-        "HSA_ENABLE_SDMA=0; run radiance_ar.diagnostics.cu_free_check on the machine")),
+        "HSA_ENABLE_SDMA=0; " + HIP_WAITS + "; run radiance_ar.diagnostics.cu_free_check on the "
+        "machine")),
     ("gpu-symm", "cuda"): (True, (
         "not verified: pulls are cudaMemcpyAsync on symmetric-memory mappings; a same-device "
         "D2D cudaMemcpyAsync did NOT progress with every SM held on an H200, and P2P copies "
@@ -82,7 +88,7 @@ COMPUTE_UNITS = {
     ("gpu-symm", "hip"): (True, (
         "not verified: hipMemcpyAsync NoCU on mapped peer memory; ROCm 7.x bugs (NoCU ignored "
         "for P2P before rocm-systems#9100, #11318 unwritten destinations, #11510 gfx90a); "
-        "captured op calls (RADIANCE_AR_OP_GRAPHS=on) wait in a kernel of clr's")),
+        + HIP_WAITS)),
 }
 
 

@@ -20,8 +20,9 @@ CPU               ``memmove`` (shared-memory files)       (host spin: see radian
 Why these calls: a same-device D2D ``hipMemcpy`` is a blit kernel on CUs unless its kind
 is NoCU (as reported by earlier work on ROCm); H2D/D2H copies from pinned memory run on
 the copy engines and complete while every SM is held (:mod:`radiance_ar.diagnostics.cu_free_check`;
-its H200 results are in docs/history.md); a stream wait-value is executed by the
-GPU's front end, so a stream waits for a peer's flag without any spinning kernel.
+its H200 results are in docs/history.md); on NVIDIA a stream wait-value is executed by
+the GPU's front end, so a stream waits for a peer's flag without any spinning kernel (ROCm's
+clr runs it as a one-work-item kernel: :mod:`radiance_ar.transport.hip_ops`).
 
 Each runtime's calls live in a file of their own (:mod:`radiance_ar.transport.cuda_ops`,
 :mod:`radiance_ar.transport.hip_ops`; the CPU's are a ``memmove`` here); this module

@@ -2,7 +2,7 @@
 
 One rank's half of a transport that moves bytes with DMA copies (:mod:`radiance_ar.transport.copy_engine`)
 and waits with flags (:mod:`radiance_ar.transport.signals`): no compute units while it waits
-(ROCm's captured calls excepted: :mod:`radiance_ar.transport.hip_capture`). The
+on NVIDIA (on ROCm one work-item per wait: :mod:`radiance_ar.transport.hip_ops`). The
 backends built on it (``sdma``, ``sdma_wht6``) each hold one :class:`CopyTransport` and
 decide what is published, what is pulled and what is computed from it. In plain terms,
 rank r's ``publish`` is ``pub[r][off:off+n] = src; ready[r] = t`` and its ``pull`` of

@@ -2,8 +2,8 @@
 
 The layout, the tags and the call contract are :mod:`radiance_ar.transport.signals`'; here each post
 and wait is a stream memory operation (:mod:`radiance_ar.transport.copy_engine`) executed by the
-GPU's front end: no kernel spins (except in ROCm's captured op calls, whose batch nodes are a
-small kernel of clr's: :mod:`radiance_ar.transport.hip_capture`). ``ready``/``reduced`` waits are EQ on a 32-bit tag
+GPU's front end on NVIDIA: no kernel spins (ROCm's runtime runs each as a one-work-item
+kernel: :mod:`radiance_ar.transport.hip_ops`, :mod:`radiance_ar.transport.hip_capture`). ``ready``/``reduced`` waits are EQ on a 32-bit tag
 (NVIDIA compares 32 bits), ``done`` waits a cyclic GEQ. A stream wait-value has NO
 timeout of its own; :meth:`GpuSignals.check` is the bound (see :mod:`radiance_ar.transport.signals`).
 """

@@ -18,10 +18,9 @@ hip_peer.cpp; not run here), and what follows:
 - ``hipGraphAddBatchMemOpNode`` exists from ROCm 6.4 (marked beta) and refuses a null
   ``ctx``, a ``count`` over 256 and ``flags`` other than 0. The node keeps the POINTER to
   the parameter array and reads it at every launch: the arrays live as long as the graph.
-- At launch the node is a small kernel (``__amd_rocclr_batchMemOp``), not a front-end
-  wait: a captured call's waits poll on compute units, beside the GEMM, where the eager
-  calls' ``hipStreamWaitValue64`` hold none. How much that costs the GEMM is not measured.
-  Before a fix in later clr the kernel ran a batch's operations concurrently, one
+- At launch the node is a one-work-item kernel (``__amd_rocclr_batchMemOp``) that polls
+  its waits on a compute unit, as clr runs eager waits too (:mod:`radiance_ar.transport.hip_ops`);
+  how much that costs the GEMM is not measured. Before a fix in later clr the kernel ran a batch's operations concurrently, one
   work-item each, so a node holds operations of one kind only (waits, or writes), in
   stream order: a wait and the reset of its word are two nodes.
 - The parameter array is laid out by ctypes (:class:`HipBatchParams`): hip-python 10.0's

@@ -4,6 +4,13 @@
 ROCm runs on SDMA engines for host memory), ``hipMemcpyPeerAsync`` across devices, and
 ``hipStreamWriteValue64`` / ``hipStreamWaitValue64``. Written against the real bindings
 (hip-python imports without ROCm; each call reports a runtime that cannot load).
+
+clr (ROCm's runtime; read in its source, rocvirtual.cpp and rocblit.cpp, not run here) runs
+a stream wait as a blit kernel of one work-item that polls the word on a compute unit,
+unless ``GPU_STREAMOPS_CP_WAIT=1``, which makes it a barrier-value packet of the command
+processor but needs the word in signal memory (``hipMallocSignalMemory``; these flags are
+symmetric or host memory); a write is always such a kernel. So on ROCm a waiting call
+holds one wave slot per wait, not the spin-wait AR's CTAs, and not none.
 """
 
 from __future__ import annotations
