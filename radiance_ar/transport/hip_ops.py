@@ -76,8 +76,10 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
 
 def hip_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
     """``ops`` (``("write", addr, value)`` / ``("wait_eq" | "wait_geq", addr, value)``) in
-    order, one call each: an eager call's batch. Inside a capture a batch is a graph node
-    instead (:func:`radiance_ar.transport.hip_capture.hip_capture_batch`)."""
+    order, one call each: an eager call's batch (a one-work-item kernel each, the module
+    doc). ``hipStreamBatchMemOp`` (ROCm 6.4+) would be one kernel for all of them; not
+    used until it has run on an AMD GPU. Inside a capture a batch is graph nodes instead
+    (:func:`radiance_ar.transport.hip_capture.hip_capture_batch`)."""
     for what, addr, value in ops:
         if what == "write":
             hip_write_value(stream, addr, value)
