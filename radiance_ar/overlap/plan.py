@@ -66,8 +66,9 @@ def refuse_sliced_in_capture(rt: Any, x: torch.Tensor) -> None:
     backend = rt.backend
     if x.is_cuda and not backend.capture_safe and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
-            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (its call "
-            f"numbers are host integers a graph replay would repeat), so its sliced path "
+            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (sdma, "
+            f"sdma_wht6: a replay by the caller would run their flag waits without this "
+            f"host's bound, and a missing peer would hang the GPU), so its sliced path "
             f"(M = {x.shape[0]} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
             "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
             "choose a capture-safe backend")
