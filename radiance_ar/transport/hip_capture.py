@@ -4,8 +4,8 @@ On CUDA, stream capture records ``cuStreamBatchMemOp`` like any other stream cal
 captured op call (:mod:`radiance_ar.overlap.graphs`) is its eager steps enqueued on a
 capturing stream. ROCm's stream capture does not record ``hipStreamWaitValue`` /
 ``hipStreamWriteValue`` before ROCm 10 (its clr changelog), so here each batch of a
-capture becomes one node that this module adds to the graph being captured, in the
-stream's order::
+capture becomes nodes (one per run of waits or of writes, below) that this module adds to
+the graph being captured, in the stream's order::
 
     hipStreamGetCaptureInfo_v2(stream)        -> the graph, the stream's last nodes
     hipGraphAddBatchMemOpNode(graph, those)   -> a node running the batch in order
@@ -19,10 +19,11 @@ hip_peer.cpp; not run here), and what follows:
   ``ctx``, a ``count`` over 256 and ``flags`` other than 0. The node keeps the POINTER to
   the parameter array and reads it at every launch: the arrays live as long as the graph.
 - At launch the node is a one-work-item kernel (``__amd_rocclr_batchMemOp``) that polls
-  its waits on a compute unit, as clr runs eager waits too (:mod:`radiance_ar.transport.hip_ops`);
-  how much that costs the GEMM is not measured. Before a fix in later clr the kernel ran a batch's operations concurrently, one
-  work-item each, so a node holds operations of one kind only (waits, or writes), in
-  stream order: a wait and the reset of its word are two nodes.
+  its waits on a compute unit, as clr runs eager waits too
+  (:mod:`radiance_ar.transport.hip_ops`); what that costs the GEMM is not measured. Before
+  a fix in later clr the kernel ran a batch's operations concurrently, one work-item each,
+  so a node holds operations of one kind only (waits, or writes), in stream order: a wait
+  and the reset of its word are two nodes.
 - The parameter array is laid out by ctypes (:class:`HipBatchParams`): hip-python 10.0's
   wrapper of the member struct drops its anonymous value union and writes ``flags`` where
   ROCm reads the value (docs/history.md).
