@@ -161,3 +161,59 @@ def test_buffers_hold_graph_routes_only_while_a_graph_is_captured():
             raise RuntimeError("the capture failed")
     assert (buffers.pull_routes, buffers.publish_routes) == eager
     assert buffers.pull_routes[("pub", 1)][1] is peer
+
+
+class HostTensorMemory:
+    """Peer memory of a symmetric-memory world whose buffers are CPU tensors (no GPU here):
+    the transport's flags and inboxes, enough for a capture's stream operations."""
+    kind = "gpu-symm"
+
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+    def allocate(self, name, nbytes):
+        from radiance_ar.transport.peer_memory import PeerBuffer
+        return PeerBuffer(name, nbytes, self.rank,
+                          [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(self.size)])
+
+    def barrier(self):
+        pass
+
+    def dead_peers(self):
+        return []
+
+
+def test_a_capture_on_rocm_turns_every_batch_into_nodes_kept_with_the_round(monkeypatch):
+    # The whole stack of CopyTransport.capture_round on ROCm (buffer routes, the engine's
+    # node hook, the token round, the capture's end): a call's ready tokens posted and
+    # awaited, its done tokens consumed at the graph's end, each batch a node run.
+    pytest.importorskip("hip")
+    from radiance_ar.call_contract import CallSignature
+    from radiance_ar.transport.copy_transport import CopyTransport
+    from radiance_ar.transport import tokens
+    from radiance_ar.transport.hip_ops import hip_batch
+    from radiance_ar.transport.world import World
+    monkeypatch.setattr(torch.version, "hip", "7.1.25424")
+    nodes = []
+    monkeypatch.setattr(copy_engine, "hip_capture_batch",
+                        lambda stream, ops: nodes.extend(hip_capture.operation_runs(ops))
+                        or [f"params {len(nodes)}"])
+    monkeypatch.setattr(tokens, "current_stream_handle", lambda device: 9)  # the capture's
+    size, rank = 3, 1
+    world = World(rank, size, torch.device("cuda", 0), HostTensorMemory(rank, size))
+    transport = CopyTransport(world, "sdma", 1000.0, reduced=False)
+    signals, ended = transport.signals, []
+    sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 7)
+    with transport.capture_round(lambda: ended.append(len(nodes))) as rnd:
+        with signals.call(sig):
+            signals.post("ready", signals.epoch, 5)
+            signals.wait_all(transport.peers, "ready", signals.epoch, 5, "a test call")
+            signals.post("done", signals.epoch, 5)
+    kinds = [{what for what, _, _ in run} for run in nodes]
+    # post ready | wait ready, reset | post done | wait done, reset (the graph's end)
+    assert kinds == [{"write"}, {"wait_eq"}, {"write"}, {"write"}, {"wait_eq"}, {"write"}]
+    assert [len(run) for run in nodes] == [2, 2, 2, 2, 2, 2]  # W - 1 peers each
+    assert ended == [6]  # the capture ended after its last node
+    assert rnd.node_params == [f"params {n}" for n in (1, 3, 4, 6)]  # one list per batch
+    assert rnd.end_event is None  # ROCm: the host records a replay's end
+    assert transport.engine.batch is hip_batch  # eager calls enqueue again
