@@ -1,4 +1,5 @@
-"""The vLLM installer and plugin: selection on stand-ins always; against a real vLLM where installed.
+"""The vLLM installer: selection on stand-ins always; against a real vLLM where installed
+(the plugin's tests are test_vllm_plugin.py).
 
 Real-vLLM tests build RowParallelLinear layers in a vLLM TP world of 2 CPU processes
 (gloo; vLLM's own CpuCommunicator does the stock all-reduce; the jobs are in
@@ -23,7 +24,6 @@ from radiance_ar import overlap
 from radiance_ar.transport.world import single_world
 from radiance_ar.harness.cpu_world import CpuWorldPool
 from radiance_ar.overlap import vllm_install as vi
-from radiance_ar.overlap import vllm_plugin as vp
 from radiance_ar.overlap import vllm_routes as vr
 from radiance_ar.overlap.config import OverlapSettings
 from vllm_jobs import LEFT, QUANT_PRODUCERS, ROUTED, real_install_job, real_quant_job
@@ -229,117 +229,7 @@ def test_enabled_install_without_vllm_raises_a_clear_import_error(monkeypatch):
         vi.install(_stand_in_model(), settings=ON)
 
 
-# ---------------------------------------------------------------- compile cache and plugin
-
-def _vllm_like_envs():
-    """A module shaped like vllm.envs: compile_factors() calls every registered getter."""
-    env = types.SimpleNamespace(environment_variables={"VLLM_X": lambda: "1"})
-    env.compile_factors = lambda: {k: g() for k, g in env.environment_variables.items()}
-    return env
-
-
-def test_the_flag_and_backend_reach_a_vllm_style_compile_cache_key(monkeypatch):
-    env = _vllm_like_envs()
-    assert vp.add_compile_cache_factors(env) and vp.add_compile_cache_factors(env)
-    assert sorted(env.environment_variables) == sorted([*vp.COMPILE_CACHE_KNOBS, "VLLM_X"])
-
-    def key(overlap_flag, backend="stock"):
-        monkeypatch.setenv("RADIANCE_AR_OVERLAP", overlap_flag)
-        monkeypatch.setenv("RADIANCE_AR_BACKEND", backend)
-        return repr(sorted(env.compile_factors().items()))
-
-    assert key("1") != key("0")
-    for other in [n for n in backends.names() if n != "stock"][:1]:
-        assert key("1") != key("1", other)
-        assert key("0") == key("0", other)  # flag off: the graph has no op, backend unkeyed
-    assert vp.compile_cache_factors(OFF) == {"RADIANCE_AR_OVERLAP": False,
-                                             "RADIANCE_AR_BACKEND": None}
-
-
-def test_a_vllm_without_env_factors_gets_a_warning_how_to_key_the_cache(caplog):
-    with caplog.at_level(logging.WARNING, logger="vllm.radiance_ar"):
-        assert vp.add_compile_cache_factors(types.SimpleNamespace()) is False
-    assert "VLLM_CACHE_ROOT" in caplog.text and "cache_dir" in caplog.text
-
-
-def test_register_stops_on_a_bad_knob(monkeypatch):
-    monkeypatch.setenv("RADIANCE_AR_OVERLAP_SLICES", "zero")
-    with pytest.raises(ValueError, match="RADIANCE_AR_OVERLAP_SLICES='zero'"):
-        vp.register()
-
-
-def test_patch_loaders_wraps_every_own_load_model_once(monkeypatch):
-    installed = []
-    monkeypatch.setattr(vp, "install", lambda model, vllm_config=None:
-                        installed.append((model, vllm_config)))
-
-    class BaseModelLoader:
-        def load_model(self, vllm_config, model_config, prefix=""):
-            return f"model:{model_config}"
-
-    class Inherits(BaseModelLoader):
-        pass
-
-    class Overrides(BaseModelLoader):
-        def load_model(self, vllm_config, model_config, prefix=""):
-            return super().load_model(vllm_config, model_config, prefix) + "+own"
-
-    module = types.SimpleNamespace(BaseModelLoader=BaseModelLoader,
-                                   _LOAD_FORMAT_TO_MODEL_LOADER={"auto": Inherits})
-    assert vp.patch_loaders(module) == 2
-    assert vp.patch_loaders(module) == 0
-    assert Inherits().load_model("cfg", "a") == "model:a"
-    assert installed == [("model:a", "cfg")]
-    installed.clear()
-    assert Overrides().load_model(vllm_config="cfg", model_config="b") == "model:b+own"
-    # the inner (base) load and the outer one both install; install is idempotent
-    assert installed == [("model:b", "cfg"), ("model:b+own", "cfg")]
-
-
-def test_after_import_hook_runs_after_the_module_and_then_leaves(tmp_path, monkeypatch):
-    pkg = tmp_path / "radiance_fake_loader"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("VALUE = 41\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    seen = []
-    hook = vp.AfterImport("radiance_fake_loader", lambda mod: seen.append(mod.VALUE + 1))
-    sys.meta_path.insert(0, hook)
-    import radiance_fake_loader  # noqa: F401
-
-    monkeypatch.delitem(sys.modules, "radiance_fake_loader")
-    assert seen == [42] and hook not in sys.meta_path
-    assert radiance_fake_loader.__spec__.name == "radiance_fake_loader"
-
-
-def test_hook_model_loading_waits_for_vllm_to_import_its_loaders(monkeypatch):
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    monkeypatch.delitem(sys.modules, vp.LOADER_PACKAGE, raising=False)
-    vp.hook_model_loading()
-    vp.hook_model_loading()
-    hooks = [f for f in sys.meta_path if isinstance(f, vp.AfterImport)]
-    assert len(hooks) == 1 and hooks[0].fullname == vp.LOADER_PACKAGE
-    assert sys.meta_path[0] is hooks[0]
-
-
 # ---------------------------------------------------------------- against a real vLLM
-
-def test_real_vllm_compile_factors_carry_the_flag(monkeypatch):
-    pytest.importorskip("vllm")
-    import vllm.envs as venvs
-    from vllm.config.utils import hash_factors
-
-    monkeypatch.setattr(venvs, "environment_variables", dict(venvs.environment_variables))
-    assert vp.add_compile_cache_factors()
-    monkeypatch.setenv("RADIANCE_AR_OVERLAP", "0")
-    off = venvs.compile_factors()
-    monkeypatch.setenv("RADIANCE_AR_OVERLAP", "1")
-    monkeypatch.setenv("RADIANCE_AR_BACKEND", "stock")
-    on = venvs.compile_factors()
-    assert (off["RADIANCE_AR_OVERLAP"], on["RADIANCE_AR_OVERLAP"]) == (False, True)
-    assert on["RADIANCE_AR_BACKEND"] == "stock"
-    assert hash_factors(off) != hash_factors(on)
-
 
 @pytest.fixture(scope="module")
 def vllm_world():
