@@ -14,6 +14,8 @@ tokens of docs/design.md 3.6). Every host wait is bounded; a failure posts B so 
 stream is never left blocked.
 """
 
+import os
+import sys
 import time
 
 import pytest
@@ -74,5 +76,11 @@ def test_a_captured_wait_stops_each_replay_until_its_token_and_consumes_it():
             assert words.tolist() == [9, 0], (replay, words.tolist())  # reset, then A = 9
     finally:
         words[1] = 5  # never leave the stream blocked
+        if not wait_for(done.query):
+            # a stream that ignores its token cannot be freed, and a process whose stream
+            # waits cannot exit: stop here, bounded, rather than hang the run
+            print(f"the captured wait ignored its token: {words.tolist()}", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
         torch.cuda.synchronize(dev)
     assert (platform(dev) == "hip") == bool(node_params)  # ROCm keeps what its nodes read

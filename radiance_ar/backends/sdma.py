@@ -1,4 +1,4 @@
-"""``sdma``: all-reduce by DMA copies (no compute units while waiting) + one local reduce.
+"""``sdma``: all-reduce by DMA copies (no compute units while waiting on NVIDIA) + one reduce.
 
 Each rank's slice sits in its peer-visible buffer ``pub`` (the GEMM writes there through
 ``acquire_input_view``); peers PULL it with copy-engine copies after a stream wait-value

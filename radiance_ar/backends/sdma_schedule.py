@@ -54,7 +54,7 @@ AUTO_WHT6_TWOSHOT_MIN_BYTES = 3 << 20
 SHARD_ALIGN_BYTES = 16
 
 #: how clr runs stream waits (its source, radiance_ar/transport/hip_ops.py; not measured)
-HIP_WAITS = ("each flag wait and write is a one-work-item kernel of clr's polling on a compute "
+HIP_WAITS = ("each flag wait (polling) and write is a one-work-item kernel of clr's on a compute "
              "unit (GPU_STREAMOPS_CP_WAIT=1 would need signal memory)")
 
 # (world kind, platform) -> (holds compute units while waiting?, why). False only where

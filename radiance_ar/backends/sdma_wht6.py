@@ -1,9 +1,10 @@
 """``sdma_wht6``: the copy-engine transport moving wht6 payloads -- codec bytes, DMA waits.
 
 The byte savings of the 6.25-bit codec (:mod:`radiance_ar.wht6`) with a wait that costs no
-compute units: encode this rank's slice on the CUs into its peer-visible buffer, let the
-copy engines pull peers' payloads (stream wait-value on the peer's flag, then a copy: no
-kernel spins; :mod:`radiance_ar.transport.copy_transport`), decode on the CUs. Every rank decodes the
+compute units on NVIDIA (one work-item per wait on ROCm: :mod:`radiance_ar.transport.hip_ops`):
+encode this rank's slice on the CUs into its peer-visible buffer, let the copy engines pull
+peers' payloads (stream wait-value on the peer's flag, then a copy: no kernel spins on
+NVIDIA; :mod:`radiance_ar.transport.copy_transport`), decode on the CUs. Every rank decodes the
 same payloads in the same order, so every rank holds identical bits. In plain torch,
 with ``q = lambda x: decode(encode(x))`` and ``dq_sum`` the codec's decode-accumulate
 of the W encoded slices in rank order (fp32, one inverse rotation, rounded once)::

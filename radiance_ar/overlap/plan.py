@@ -65,12 +65,12 @@ def refuse_sliced_in_capture(rt: Any, x: torch.Tensor) -> None:
     ``capture_safe``: its sliced path cannot run inside the caller's capture."""
     backend = rt.backend
     if x.is_cuda and not backend.capture_safe and torch.cuda.is_current_stream_capturing():
+        why = (" (a replay by the caller would run its flag waits without this host's bound, "
+               "and a missing peer would hang the GPU)" if backend.waits_on_peers else "")
         raise RuntimeError(
-            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe (sdma, "
-            f"sdma_wht6: a replay by the caller would run their flag waits without this "
-            f"host's bound, and a missing peer would hang the GPU), so its sliced path "
-            f"(M = {x.shape[0]} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) cannot run "
-            "inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
+            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe{why}, so its "
+            f"sliced path (M = {x.shape[0]} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) "
+            "cannot run inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
             "choose a capture-safe backend")
 
 

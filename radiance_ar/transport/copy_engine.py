@@ -5,13 +5,14 @@ Every operation is enqueued on a caller-given stream handle (an int: ``cudaStrea
 of every call. One function per platform and operation:
 
 ================  =====================================  ===================================
-platform          copy                                   signal (write / wait, no kernel)
+platform          copy                                   signal (write / wait)
 ================  =====================================  ===================================
 NVIDIA (cuda)     ``cudaMemcpyAsync`` (kind Default: UVA  ``cuStreamWriteValue32`` /
                   picks H2D / D2H / P2P; copy engines)    ``cuStreamWaitValue32`` GEQ / EQ
+                                                          (the front end: no kernel)
 ROCm (hip)        ``hipMemcpyAsync`` kind                 ``hipStreamWriteValue64`` /
                   ``hipMemcpyDeviceToDeviceNoCU`` (1024)  ``hipStreamWaitValue64`` Gte/Eq
-                  for same-device views of peer memory;
+                  for same-device views of peer memory;   (clr: a one-work-item kernel)
                   ``hipMemcpyPeerAsync`` across devices;
                   kind Default for host memory
 CPU               ``memmove`` (shared-memory files)       (host spin: see radiance_ar.transport.signals)

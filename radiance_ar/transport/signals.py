@@ -35,8 +35,9 @@ Two implementations:
   visible to a reader that saw the flag.
 - :class:`radiance_ar.transport.gpu_signals.GpuSignals` (GPU worlds): stream write-value /
   wait-value operations (:mod:`radiance_ar.transport.copy_engine`), executed by the GPU's front
-  end: no kernel spins. Tags are 32-bit hashes of (epoch, signature) waited on with EQ.
-  A stream wait-value has NO timeout of its own. The bound is host-side and honest:
+  end on NVIDIA: no kernel spins (ROCm's runtime runs each as a one-work-item kernel:
+  :mod:`radiance_ar.transport.hip_ops`). Tags are 32-bit hashes of (epoch, signature)
+  waited on with EQ. A stream wait-value has NO timeout of its own. The bound is host-side and honest:
   :meth:`~radiance_ar.transport.gpu_signals.GpuSignals.check` waits (polling an event) at most the
   timeout from the moment it is called, then reads the peers' flags and raises naming
   the peer that never posted or is in another call. Where the flags are host memory
