@@ -25,10 +25,19 @@ class GpuDiagnosis:
         peer_epoch, sig, _ = self.peer_header(peer)
         return peer_epoch == epoch and sig is not None and self._make_tag(epoch, sig) == value
 
+    def diagnose(self, waited_ms: float, releasing: bool = True) -> Exception:
+        """The error of the newest call, unfinished after ``waited_ms``: a replayed op
+        call's (its tokens) or an eager one's (its flags). ``releasing``: the message says
+        the stream is released (``_drain`` follows)."""
+        replayed = self._replayed  # one read: the watchdog's thread diagnoses too
+        if replayed:
+            return self._diagnose_tokens(replayed, waited_ms, releasing)
+        return self._diagnose(waited_ms, releasing)
+
     def _diagnose(self, waited_ms: float, releasing: bool = True) -> Exception:
         """The error a call that did not finish within the bound raises: who is missing
-        (a peer that gave up, one in another call, or one that never posted); ``releasing``:
-        the message says the stream is released (:meth:`_drain` follows)."""
+        (a peer that gave up, one in another call, or one that never posted); ``releasing``
+        as in :meth:`diagnose`."""
         released = (" The blocked stream was released by writing the awaited flag values "
                     "(so the GPU is not left hung); results of that call are garbage."
                     if self._host_visible and releasing else "")
@@ -57,12 +66,11 @@ class GpuDiagnosis:
         return PeerTimeoutError(self._timeout_message(peer, slot, epoch, seen, what, waited_ms)
                                 + also + released)
 
-    def _diagnose_tokens(self, waited_ms: float, releasing: bool = True) -> Exception:
-        """The error of a replayed op call that did not finish within the bound. A consumed
-        token reads 0 like one never posted, so the inbox tells only a peer that posted
-        ANOTHER call's token (a mismatch); otherwise the peers' headers (written per
-        replay) name the one behind."""
-        replayed = self._replayed  # one read: the watchdog's thread diagnoses too
+    def _diagnose_tokens(self, replayed: list, waited_ms: float, releasing: bool) -> Exception:
+        """The error of a replayed op call (its token waits ``replayed``) that did not finish
+        within the bound. A consumed token reads 0 like one never posted, so the inbox
+        tells only a peer that posted ANOTHER call's token (a mismatch); otherwise the
+        peers' headers (written per replay) name the one behind."""
         sig = replayed[0].sig
         mine = f"rank {self.rank} is in call {self.epoch}: a replayed op call, {sig.describe()}"
         released = (" The blocked stream was released by writing the awaited tokens (so the "

@@ -3,9 +3,10 @@
 The layout, the tags and the call contract are :mod:`radiance_ar.transport.signals`'; here each post
 and wait is a stream memory operation (:mod:`radiance_ar.transport.copy_engine`) executed by the
 GPU's front end on NVIDIA: no kernel spins (ROCm's runtime runs each as a one-work-item
-kernel: :mod:`radiance_ar.transport.hip_ops`, :mod:`radiance_ar.transport.hip_capture`). ``ready``/``reduced`` waits are EQ on a 32-bit tag
-(NVIDIA compares 32 bits), ``done`` waits a cyclic GEQ. A stream wait-value has NO
-timeout of its own; :meth:`GpuSignals.check` is the bound (see :mod:`radiance_ar.transport.signals`).
+kernel: :mod:`radiance_ar.transport.hip_ops`, :mod:`radiance_ar.transport.hip_capture`).
+``ready``/``reduced`` waits are EQ on a 32-bit tag (NVIDIA compares 32 bits), ``done``
+waits a cyclic GEQ. A stream wait-value has NO timeout of its own; :meth:`GpuSignals.check`
+is the bound (see :mod:`radiance_ar.transport.signals`).
 """
 
 from __future__ import annotations
@@ -227,10 +228,7 @@ class GpuSignals(GpuDiagnosis, Signals):
         enqueued after it: the error naming who is missing, recorded as this rank's fault,
         its abort word set where the flags are host memory (peers that check raise). Its
         stream is NOT released."""
-        waited_ms = waited_s * 1000.0
-        # _diagnose_tokens reads the list once: a check() on the caller's thread may empty it
-        error = (self._diagnose_tokens(waited_ms, releasing=False) if self._replayed
-                 else self._diagnose(waited_ms, releasing=False))
+        error = self.diagnose(waited_s * 1000.0, releasing=False)
         self.fail(error)
         return error
 
@@ -253,8 +251,7 @@ class GpuSignals(GpuDiagnosis, Signals):
                 time.sleep(1e-3)  # a peer's capture takes seconds, not microseconds
                 continue
             if waited_ms > bound:
-                error = (self._diagnose_tokens(waited_ms) if self._replayed
-                         else self._diagnose(waited_ms))
+                error = self.diagnose(waited_ms)
                 # the abort word first: the release below also satisfies the same waits of
                 # other peers (W >= 3), which must find it when their stream completes
                 self.fail(error)
