@@ -99,13 +99,12 @@ class CallPlan:
         """Plan a call of ``x`` (M x K) against ``weight`` (N rows) on runtime ``rt``.
 
         Where it slices, this sets the backend's call key (M, K, the layer) for the
-        slices that follow; it refuses the sliced path of a backend that is not
-        ``capture_safe`` inside CUDA-graph capture."""
+        slices that follow. The op refuses a sliced call inside a caller's capture before
+        it plans (:func:`refuse_sliced_in_capture`, once per call)."""
         rows, cols, k = x.shape[0], weight.shape[0], x.shape[1]
         backend = rt.backend
         if not cls.slices_rows(rt, rows):
             return cls(rows, cols, k, 0, (0, rows), False)
-        refuse_sliced_in_capture(rt, x)
         layer = rt.layer_number(weight)
         plan = cls(rows, cols, k, layer,
                    tuple(op_bounds(rt.settings, backend, rows, prod.slice_row_align)), True)
