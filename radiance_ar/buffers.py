@@ -15,9 +15,16 @@ def grown_size(need: int, current: int, align: int = 1) -> int:
     return -(-max(need, current * 3 // 2) // align) * align
 
 
-def refuse_growth_in_capture(what: str, device: torch.device) -> None:
-    """Raise if the current stream of ``device`` is capturing a CUDA graph."""
+def refuse_growth_in_capture(what: str, device: torch.device, held: bool = False) -> None:
+    """Raise if the current stream of ``device`` is capturing a CUDA graph, or if ``held``:
+    a caller's CUDA graph has captured calls that use the buffer, and replays its address
+    (radiance_ar.transport.caller_graphs)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             f"{what}: growth requested during CUDA-graph capture; call ensure_capacity with "
             "the largest shape before capturing")
+    if held:
+        raise RuntimeError(
+            f"{what}: growth requested after a caller's CUDA graph captured op calls that use "
+            "these buffers, which it replays at their address; run the largest M once before "
+            "capturing (vLLM's profile run does)")

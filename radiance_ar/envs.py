@@ -215,7 +215,9 @@ KNOBS: dict[str, Knob] = {
              "step of every slice is enqueued from Python; `auto`: on, except for emulated "
              "ranks with active peers (one process: a capture can block while a peer waits "
              "on this rank) and on ROCm (written, never run on an AMD GPU: `on` turns it on "
-             "from ROCm 6.4, outside host-memory worlds)",
+             "from ROCm 6.4, outside host-memory worlds). `on` also lets sdma and sdma_wht6 "
+             "run inside a caller's CUDA graph (vLLM's) where the watchdog runs (written, "
+             "not yet run on a GPU: docs/design.md 3.6)",
              words=OP_GRAPHS),
         Knob("RADIANCE_AR_OP_GRAPHS_MAX", int, 256,
              "captured op calls kept per process (least recently used dropped first): one "
@@ -256,7 +258,8 @@ KNOBS: dict[str, Knob] = {
              "enqueues nothing more, before the process stops (SIGABRT after logging who is "
              "missing, `radiance_ar/transport/watchdog.py`): a missing peer ends the job "
              "instead of leaving GPUs waiting for good (inside vLLM nothing else bounds a "
-             "wait). Where each rank is a process on a GPU (gpu-host, gpu-symm); `0` (off, "
+             "wait); also an op call inside a caller's CUDA graph whose counts stop moving. "
+             "Where each rank is a process on a GPU (gpu-host, gpu-symm); `0` (off, "
              "the default until it has run on a GPU) or at least 10; 600 is NCCL's limit",
              lo=0.0, hi=WATCHDOG_S_MAX, field="watchdog_s"),
     )

@@ -7,15 +7,20 @@ rank's inputs and the float64 reference on their own.
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import torch
+import torch.distributed as dist
 
 from radiance_ar import backends, overlap
 from radiance_ar.envs import BackendSettings
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport.copy_engine import CopyEngine
 from radiance_ar.transport.world import World
+from radiance_ar.transport.signals import _HEADER
 from misuse_jobs import FIRST_CALL_BOUND_MS
-from world_jobs import reference, shard
+from world_jobs import reference, rel_rms, shard
 
 
 
@@ -125,3 +130,77 @@ def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: in
            "replays": graph_cache.replays if graph_cache is not None else 0}
     rt.close()
     return res
+
+
+def _caller_graph(world: World, backend: str, rows: int, cols: int, k: int, slices: int,
+                  watchdog_s: float) -> SimpleNamespace:
+    """A runtime whose sliced call of ``rows`` rows the caller captured as vLLM does
+    (``torch.cuda.graph``, after eager calls of the shape): ``rt``, ``graph``, its input
+    ``x`` and output ``out``; or ``rt`` and the gate's ``reason`` where it is refused."""
+    rt = overlap.build(world, OverlapSettings(True, backend, rows, slices, BackendSettings(
+        spin_timeout_ms=FIRST_CALL_BOUND_MS, watchdog_s=watchdog_s), graphs="on"))
+    made = SimpleNamespace(rt=rt, reason=rt.caller_capture_reason())
+    if made.reason is not None:
+        return made
+    made.x, w = (t.to(world.device) for t in layer_inputs(0, world.rank, rows, cols, k))
+    for _ in range(3):  # sizes every buffer, loads every kernel; the op's own graph too
+        overlap.forward(rt, made.x, w, None, "bf16")
+        rt.backend.check(FIRST_CALL_BOUND_MS)
+    made.graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(made.graph):
+        made.out = overlap.forward(rt, made.x, w, None, "bf16")
+    return made
+
+
+def caller_capture_job(world: World, backend: str, replays: int, rows: int, cols: int, k: int,
+                       slices: int, watchdog_s: float) -> dict:
+    """The caller's graph replayed ``replays`` times, the activation of seed i copied in
+    before replay i and the output poisoned with NaN; each output checked here against
+    float64 (its relative RMS error) and digested (the ranks compare bits). Then the
+    counts the graph kept, and what an eager call that would grow the buffers raises."""
+    made = _caller_graph(world, backend, rows, cols, k, slices, watchdog_s)
+    rt = made.rt
+    if made.reason is not None:
+        rt.close()
+        return {"skipped": made.reason}
+    rels, digests = [], []
+    for i in range(1, replays + 1):
+        made.x.copy_(layer_inputs(i, world.rank, rows, cols, k)[0])
+        made.out.fill_(float("nan"))
+        made.graph.replay()
+        got = made.out.cpu()  # a stuck replay blocks here: the watchdog's to end
+        rels.append(rel_rms(got, layer_reference(i, world.size, rows, cols, k)))
+        digests.append(hash(got.view(torch.int16).numpy().tobytes()))
+    counts = rt.backend.caller_progress.snapshot()
+    x, w = (t.to(world.device) for t in layer_inputs(1, world.rank, 2 * rows, cols, k))
+    try:
+        overlap.forward(rt, x, w, None, "bf16")
+        grown = None
+    except RuntimeError as e:
+        grown = str(e)
+    res = {"rels": rels, "digests": digests, "bound": rt.backend.rel_rms_bound,
+           "counts": counts, "grown": grown, "own_graphs": rt._graphs.captures}
+    del made.graph
+    rt.close()
+    return res
+
+
+def caller_graph_stall_job(world: World, backend: str, rows: int, cols: int, k: int,
+                           limit_s: float) -> dict:
+    """Rank 0 replays the caller's graph a second time, which its peers skip, and blocks
+    on the device behind it; its watchdog must stop it (SIGABRT) after ``limit_s`` s, its
+    abort word set first. The other ranks watch for its process to exit and report."""
+    made = _caller_graph(world, backend, rows, cols, k, 2, limit_s)
+    assert made.reason is None, made.reason
+    made.graph.replay()
+    torch.cuda.synchronize()  # every rank's first replay completes
+    dist.barrier(group=world.group)
+    if world.rank == 0:
+        made.graph.replay()
+        torch.cuda.synchronize()  # never returns: the watchdog stops this process
+        return {"returned": True}
+    start = time.monotonic()
+    while 0 not in world.memory.dead_peers() and time.monotonic() - start < limit_s + 60:
+        time.sleep(0.05)
+    return {"after_s": time.monotonic() - start, "dead": world.memory.dead_peers(),
+            "abort": made.rt.backend.signals._read(0, _HEADER["abort"])}

@@ -101,6 +101,8 @@ class Backend(abc.ABC):
     #: ``settings.spin_timeout_ms`` (tests give such backends the misuse scenarios)
     waits_on_peers: ClassVar[bool] = False
 
+    #: a caller's CUDA graph captured calls of this backend: its buffers may not grow
+    held: bool = False
     #: the cross-rank flags of a backend with a protocol of its own (None: the vendor's)
     signals: "Signals | None" = None
 
@@ -224,6 +226,20 @@ class Backend(abc.ABC):
         path, so that what the round marked is undone if ending the capture fails (a round
         that never began leaves the capture to its caller to end)."""
         raise TypeError(self.replay_reason())
+
+    def caller_capture_reason(self, graphs: str) -> str | None:
+        """``None`` if the op's sliced path may run inside a caller's CUDA-graph capture
+        with this backend, else why not (``graphs``: RADIANCE_AR_OP_GRAPHS). Default: what
+        ``capture_safe`` says."""
+        return None if self.capture_safe else "its calls are not capture-safe"
+
+    @contextlib.contextmanager
+    def caller_capture_round(self, sig: CallSignature) -> Iterator[None]:
+        """Around one op call of signature ``sig`` captured by a caller (allowed by
+        :meth:`caller_capture_reason`). Afterwards the buffers are ``held``: the caller's
+        graph replays their addresses, so they may not grow."""
+        yield
+        self.held = True
 
     def replay_call(self, sig: CallSignature, captured: object,
                     stream: int) -> contextlib.AbstractContextManager:

@@ -156,7 +156,7 @@ class OneshotWht6Backend(Backend):
         need = max_rows * kernel.payload_bytes_per_row(cols)
         if need > self.capacity:
             refuse_growth_in_capture(f"oneshot_wht6 payload buffers ({need} B per region)",
-                                     self.world.device)
+                                     self.world.device, self.held)
             self._grow(need)
         if self.gpu and (dtype, cols) not in self._warm:
             refuse_growth_in_capture(f"oneshot_wht6 kernel compile for {cols} {dtype} columns",

@@ -12,10 +12,11 @@ in which schedule, is each backend's own.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Iterator
 
 import torch
 
+from radiance_ar.transport.caller_graphs import CallerProgress, caller_capture_reason
 from radiance_ar.transport.copy_engine import bindings_reason, platform
 from radiance_ar.transport.hip_capture import hip_capture_reason
 from radiance_ar.transport.copy_transport import CopyTransport
@@ -85,8 +86,17 @@ class TransportBackend(Backend):
         #: the thread that stops this process when its calls stall for RADIANCE_AR_WATCHDOG_S
         #: (radiance_ar/transport/watchdog.py), or why there is none
         self.watchdog_reason = watchdog_reason(world.kind, self.settings.watchdog_s)
-        self.watchdog = (Watchdog(self.signals, self.settings.watchdog_s, world.device)
-                         if self.watchdog_reason is None and self.signals is not None else None)
+        self.watchdog = None
+        #: the counts of op calls in caller's graphs, which the watchdog watches (where
+        #: it runs: a caller's capture needs it) and :meth:`caller_capture_round` keeps
+        self.caller_progress: CallerProgress | None = None
+        #: the token rounds of the caller's graphs, kept as long as the backend: a graph's
+        #: nodes may read them at every launch (ROCm) and the caller may replay it any time
+        self.caller_rounds: list[TokenRound] = []
+        if self.watchdog_reason is None and self.signals is not None:
+            self.caller_progress = CallerProgress(world.device)
+            self.watchdog = Watchdog(self.signals, self.settings.watchdog_s, world.device,
+                                     progress=self.caller_progress)
 
     def may_use_twoshot(self) -> bool:
         """Whether a call of this instance can run two-shot (then ``red`` is allocated)."""
@@ -165,6 +175,22 @@ class TransportBackend(Backend):
 
     def capture_round(self, end: Callable[[], None]) -> contextlib.AbstractContextManager:
         return self.transport.capture_round(end)
+
+    def caller_capture_reason(self, graphs: str) -> str | None:
+        return caller_capture_reason(graphs, self.replay_reason(forced=graphs == "on"),
+                                     self.watchdog_reason)
+
+    @contextlib.contextmanager
+    def caller_capture_round(self, sig: CallSignature) -> Iterator[None]:
+        """Around one op call (signature ``sig``) captured by a caller: counted entered and
+        left for the watchdog, opened by the entry barrier, closed by consuming every done
+        token (:mod:`radiance_ar.transport.caller_graphs`)."""
+        assert self.caller_progress is not None, "caller_capture_reason lets no capture here"
+        self.caller_progress.enter(sig)
+        with self.transport.capture_round(lambda: None, entry=sig) as rnd:
+            yield
+        self.caller_progress.leave()
+        self.caller_rounds.append(rnd)
 
     @contextlib.contextmanager
     def replay_call(self, sig: CallSignature, captured: TokenRound, stream: int):

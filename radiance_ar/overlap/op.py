@@ -23,12 +23,15 @@ timeline and the measurement tools use too, so they measure the op's own calls.
 The op is collective and ordered: every rank makes the same calls in the same order.
 The backends check that on every call (:mod:`radiance_ar.call_contract`) and raise on
 every rank that sees a late, missing or mismatched peer; one runtime serves one call
-at a time (a second thread entering while a call is in flight raises), and a backend
-that is not ``capture_safe`` refuses the sliced path inside CUDA-graph capture.
+at a time (a second thread entering while a call is in flight raises). Inside a caller's
+CUDA-graph capture the sliced path runs where the backend's ``caller_capture_reason`` is
+None (``capture_safe`` backends; sdma and sdma_wht6 with the watchdog:
+:mod:`radiance_ar.transport.caller_graphs`), and raises with that reason elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -36,7 +39,7 @@ import torch
 
 from radiance_ar.call_contract import CallSignature, CollectiveError
 from radiance_ar.overlap import producers
-from radiance_ar.overlap.plan import CallPlan, refuse_sliced_in_capture
+from radiance_ar.overlap.plan import CallPlan, in_caller_capture
 from radiance_ar.overlap.producers import Producer
 from radiance_ar.overlap.runtime import OverlapRuntime, current
 
@@ -87,7 +90,7 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
         plan.run(rt, prod, x, weight, weight_scale, out)
         return out
-    refuse_sliced_in_capture(rt, x)
+    in_capture = in_caller_capture(rt, x)  # raises where the backend may not run there
     # everything a sliced call's plan, graph and signature depend on (the layer's number
     # included: it may be registered after a first call)
     operands = (x.shape[0], x.shape[1], x.dtype, weight.data_ptr(), weight.shape[0],
@@ -106,10 +109,12 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         plan.run(rt, prod, x_in, weight, weight_scale, out)
 
     try:
-        graphs = rt.graphs()
+        graphs = None if in_capture else rt.graphs()
         if graphs is None:
             out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
-            body(x, out)
+            # in a caller's graph the call is one captured round
+            with rt.caller_capture_round(known.sig) if in_capture else contextlib.nullcontext():
+                body(x, out)
             return out
         return graphs.call(operands, lambda: (rt.scratch.growths, backend.generation), x,
                            (plan.rows, plan.cols), known.sig, backend, body)

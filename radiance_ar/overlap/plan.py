@@ -60,18 +60,20 @@ def input_view(backend: Backend, rows: int, cols: int, dtype: torch.dtype,
     return otherwise()
 
 
-def refuse_sliced_in_capture(rt: Any, x: torch.Tensor) -> None:
-    """Raise if ``x``'s stream is capturing a CUDA graph and the runtime's backend is not
-    ``capture_safe``: its sliced path cannot run inside the caller's capture."""
-    backend = rt.backend
-    if x.is_cuda and not backend.capture_safe and torch.cuda.is_current_stream_capturing():
-        why = (" (a replay by the caller would run its flag waits without this host's bound, "
-               "and a missing peer would hang the GPU)" if backend.waits_on_peers else "")
+def in_caller_capture(rt: Any, x: torch.Tensor) -> bool:
+    """Whether ``x``'s stream is capturing a caller's CUDA graph, for a sliced call; raises
+    ``RuntimeError`` with the reason where the runtime's backend may not run there
+    (:meth:`OverlapRuntime.caller_capture_reason`)."""
+    if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    reason = rt.caller_capture_reason()
+    if reason is not None:
         raise RuntimeError(
-            f"radiance::linear_ar: backend {backend.name!r} is not capture-safe{why}, so its "
-            f"sliced path (M = {x.shape[0]} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) "
-            "cannot run inside CUDA-graph capture; capture only the decode path (M below MIN_M) or "
+            f"radiance::linear_ar: backend {rt.backend.name!r} cannot run its sliced path "
+            f"(M = {x.shape[0]} >= RADIANCE_AR_OVERLAP_MIN_M = {rt.settings.min_m}) inside "
+            f"CUDA-graph capture: {reason}; capture only the decode path (M below MIN_M) or "
             "choose a capture-safe backend")
+    return True
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,8 @@ class CallPlan:
         """Plan a call of ``x`` (M x K) against ``weight`` (N rows) on runtime ``rt``.
 
         Where it slices, this sets the backend's call key (M, K, the layer) for the
-        slices that follow. The op refuses a sliced call inside a caller's capture before
-        it plans (:func:`refuse_sliced_in_capture`, once per call)."""
+        slices that follow. The op asks whether a sliced call is inside a caller's
+        capture before it plans (:func:`in_caller_capture`, once per call)."""
         rows, cols, k = x.shape[0], weight.shape[0], x.shape[1]
         backend = rt.backend
         if not cls.slices_rows(rt, rows):

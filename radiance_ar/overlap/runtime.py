@@ -85,6 +85,19 @@ class OverlapRuntime:
             return "RADIANCE_AR_OP_GRAPHS=off"
         return self.backend.replay_reason(forced=self.settings.graphs == "on")
 
+    def caller_capture_reason(self) -> str | None:
+        """``None`` if the sliced path may run inside a caller's CUDA-graph capture here,
+        else why not (:meth:`Backend.caller_capture_reason`)."""
+        return self.backend.caller_capture_reason(self.settings.graphs)
+
+    @contextlib.contextmanager
+    def caller_capture_round(self, sig: Any) -> Iterator[None]:
+        """Around one sliced op call (signature ``sig``) captured by a caller: the
+        backend's round; afterwards the scratch buffers are held too (they may not grow)."""
+        with self.backend.caller_capture_round(sig):
+            yield
+        self.scratch.held = True
+
     def graphs(self) -> GraphCache | None:
         """The op's captured sliced calls (:mod:`radiance_ar.overlap.graphs`), or None
         where each call is enqueued step by step (:meth:`graph_reason`)."""

@@ -23,13 +23,16 @@ class ScratchPool:
         self._buffers: dict[tuple[torch.device, str], torch.Tensor] = {}
         #: how many times any buffer was (re)allocated; flat after warm-up
         self.growths = 0
+        #: a caller's CUDA graph captured views of the buffers: growth raises from then on
+        #: (it would free what the graph replays)
+        self.held = False
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
             device: torch.device) -> torch.Tensor:
         """A view of ``shape``/``dtype`` at the start of buffer ``name`` on ``device``.
 
         Grows the buffer (on the current stream) when it is too small; refuses during
-        CUDA-graph capture. Contents are whatever the last user left.
+        CUDA-graph capture and once ``held``. Contents are whatever the last user left.
         """
         numel = 1
         for d in shape:
@@ -38,7 +41,8 @@ class ScratchPool:
         key = (torch.device(device), name)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < nbytes:
-            refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0])
+            refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0],
+                                     self.held and buf is not None)
             # At least 1.5x: a new high M can first come late in a run (docs/history.md).
             grown = grown_size(nbytes, buf.numel() if buf is not None else 0)
             # Drop the old buffer first so the allocator can reuse its block.

@@ -59,6 +59,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from radiance_ar.call_contract import CallSignature
 from radiance_ar.transport import passive_peers
 from radiance_ar.transport.call_streams import CallStreams, Footprint
 from radiance_ar.transport.copy_engine import CopyEngine, copy_bytes, dedicated_stream, platform
@@ -120,6 +121,8 @@ class CopyTransport:
         #: resyncs so far: a captured op call of before a resync is captured again, on
         #: every rank alike (ranks that failed a call may have seen different shapes)
         self.resyncs = 0
+        #: a caller's CUDA graph holds the buffers (:meth:`capture_round`): they may not grow
+        self.held = False
         #: events around each step of a call (GPU; :meth:`start_trace`)
         self.trace: StepTrace | None = None
         #: where a default-stream caller's calls run (:meth:`call_stream`), made at the first
@@ -138,7 +141,7 @@ class CopyTransport:
         if nbytes <= self.capacity:
             return
         refuse_growth_in_capture(f"{self.owner} buffers ({nbytes} B per slice buffer)",
-                                 self.world.device)
+                                 self.world.device, self.held)
         self.quiesce()
         self.call_streams.handles()  # before any call can park a stream (the module doc)
         self.buffers.allocate(grown_size(nbytes, self.capacity, BUFFER_ALIGN))
@@ -296,19 +299,21 @@ class CopyTransport:
     # ------------------------------------------------------------------ captured op calls
 
     @contextlib.contextmanager
-    def capture_round(self, end: Callable[[], None]) -> Iterator[TokenRound]:
+    def capture_round(self, end: Callable[[], None],
+                      entry: CallSignature | None = None) -> Iterator[TokenRound]:
         """While a graph of op calls is captured on the current stream, ended by ``end()``
-        (:func:`radiance_ar.transport.tokens.capture_round`); copies take their routes in a
-        graph (:meth:`Route.in_graph <radiance_ar.transport.copy_engine.Route.in_graph>`),
-        stream operations their nodes (:meth:`CopyEngine.in_graph
-        <radiance_ar.transport.copy_engine.CopyEngine.in_graph>`)."""
+        (:func:`tokens.capture_round <radiance_ar.transport.tokens.capture_round>`); copies and
+        stream operations take their graph forms (``Route.in_graph``, ``CopyEngine.in_graph``).
+        ``entry``: the op call's signature in a caller's graph (:mod:`.caller_graphs`); once
+        captured, the buffers are held (they may not grow)."""
         if not isinstance(self.signals, GpuSignals):
             raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
         with self.buffers.in_graph(), self.engine.in_graph() as node_params, \
                 tokens.capture_round(self.signals, self.call_streams, self.peers,
-                                     self.world.device, end) as rnd:
+                                     self.world.device, end, entry) as rnd:
             rnd.node_params = node_params
             yield rnd
+        self.held = self.held or entry is not None
 
     def before_replay(self, stream: int) -> None:
         """Before a captured op call is launched on ``stream``: order it after every peer

@@ -75,7 +75,8 @@ class GpuSignals(GpuDiagnosis, Signals):
         self.inbox.clear()
 
     @contextlib.contextmanager
-    def capture_round(self, end: Callable[[], None] = lambda: None) -> Iterator[TokenRound]:
+    def capture_round(self, end: Callable[[], None] = lambda: None,
+                      mark: bool = True) -> Iterator[TokenRound]:
         """While a graph of op calls is captured: calls post and wait tokens, take no call
         number and record no host event (the round records the graph's own end event:
         :func:`radiance_ar.transport.tokens.capture_round`); host state is as before afterwards.
@@ -83,10 +84,12 @@ class GpuSignals(GpuDiagnosis, Signals):
         Host-visible flags: the header's ``capturing`` word names the call captured, for
         peers that replay it meanwhile (:meth:`check`), until the replay that follows the
         capture takes its number, or the capture fails, ``end()`` included (a mark left
-        set would hold peers' bounds at 60 s instead of the spin bound)."""
+        set would hold peers' bounds at 60 s instead of the spin bound). ``mark=False``: no
+        mark (a caller's capture, whose replays no peer's host bounds)."""
         assert self.inbox is not None and self.round is None
         self.round = TokenRound()
-        if self._host_visible:
+        mark = mark and self._host_visible
+        if mark:
             self._np[self.rank][_HEADER["capturing"]] = self.epoch + 1
         try:
             try:
@@ -94,7 +97,7 @@ class GpuSignals(GpuDiagnosis, Signals):
             finally:
                 end()
         except BaseException:
-            if self._host_visible:
+            if mark:
                 self._np[self.rank][_HEADER["capturing"]] = 0
             raise
         finally:

@@ -45,7 +45,9 @@ from radiance_ar.streams import current_stream_handle
 
 #: calls one captured op call may hold: RADIANCE_AR_OVERLAP_SLICES' upper bound
 MAX_CALLS = 64
-KINDS = ("ready", "reduced", "done")
+#: token kinds; ``entry`` only in a caller's graph (:mod:`radiance_ar.transport.caller_graphs`),
+#: appended last so the other kinds keep their words and values
+KINDS = ("ready", "reduced", "done", "entry")
 WORD_BYTES = 8  # int64 words; stream operations write and compare the low 32 bits
 
 
@@ -138,22 +140,31 @@ class Inbox:
 
 @contextlib.contextmanager
 def capture_round(signals: Any, call_streams: Any, peers: list[int], device: torch.device,
-                  end: Callable[[], None]) -> Iterator[TokenRound]:
+                  end: Callable[[], None], entry: CallSignature | None = None
+                  ) -> Iterator[TokenRound]:
     """While a graph of op calls is captured on the current stream: the calls inside
     post and wait tokens, all on the capturing stream (``CallStreams.caller_only``); at
     the end of the block every done token not yet consumed is, on the current stream, so
     the graph ends after every peer has read what it published; then ``end()`` ends the
     capture (on every path). Host state (call numbers, call streams) is as before; the
-    round holds what a replay adds."""
+    round holds what a replay adds.
+
+    ``entry``: the op call's signature where the capture is the CALLER's (one op call;
+    :mod:`radiance_ar.transport.caller_graphs`): the graph then begins with the entry
+    barrier (every peer's ``entry`` token, which carries ``entry``) and records no end
+    event (no host code runs around the caller's replay to read it)."""
     call_streams.forget_calls()
     try:
-        with signals.capture_round(end) as rnd, call_streams.caller_only():
+        with signals.capture_round(end, mark=entry is None) as rnd, call_streams.caller_only():
+            stream = current_stream_handle(device)
+            if entry is not None:
+                signals.post_token("entry", 0, entry, stream)
+                signals.wait_tokens(peers, "entry", [(0, entry)], stream)
             yield rnd
-            consume_done(signals, rnd, peers, sorted(rnd.unconsumed_done),
-                         current_stream_handle(device))
+            consume_done(signals, rnd, peers, sorted(rnd.unconsumed_done), stream)
             # The graph's last node: the replay's end (check). CUDA only: clr captures an
             # external event record from ROCm 6.4.2 on; there the host records it per replay.
-            if device.type == "cuda" and not torch.version.hip:
+            if entry is None and device.type == "cuda" and not torch.version.hip:
                 rnd.end_event = torch.cuda.Event(external=True)
                 rnd.end_event.record(torch.cuda.current_stream(device))
     finally:

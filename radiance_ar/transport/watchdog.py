@@ -20,6 +20,10 @@ collective timeout is what torch's NCCL watchdog does; a process that exits free
 context, and each peer's own watchdog stops it in turn (where flags are host memory, its
 abort word also makes peers that check raise at once).
 
+Op calls inside a CALLER's CUDA graph run no host code, so the graph counts them on the
+device (:mod:`radiance_ar.transport.caller_graphs`): one entered and not left, with neither
+count moving for the limit, stops the process alike.
+
 Progress is the host enqueuing a call or the newest call finishing, so the clock starts
 when the host stops enqueuing: a host runs a forward ahead of its GPU, and a long prefill
 is not a stall. ``check()`` pauses the clock (it bounds the call itself). A rank's first
@@ -48,6 +52,7 @@ from typing import Any, Callable
 
 import torch
 
+from radiance_ar.call_contract import PeerTimeoutError
 from radiance_ar.transport.copy_engine import platform
 
 #: world kinds whose ranks are processes of their own on GPUs (world.KINDS)
@@ -131,12 +136,19 @@ class Watchdog:
 
     def __init__(self, signals: Any, limit_s: float, device: torch.device | None = None,
                  stop: Callable[[str], None] = stop_process,
-                 clock: Callable[[], float] = time.monotonic, start: bool = True):
+                 clock: Callable[[], float] = time.monotonic, start: bool = True,
+                 progress: Any = None):
+        """``progress``: the counts of op calls in caller's graphs (a
+        :class:`~radiance_ar.transport.caller_graphs.CallerProgress`), watched too."""
         if not limit_s > 0:
             raise ValueError(f"Watchdog: limit_s {limit_s!r}: expected seconds > 0")
         self.signals, self.limit_s, self._stop, self._clock = signals, limit_s, stop, clock
+        self.progress = progress
         self._progress: int | None = None  # calls enqueued when the newest was first unfinished
         self._since = 0.0
+        #: the caller-graph counts (entered, left) last seen changed, and when
+        self._counts: tuple[int, int] | None = None
+        self._counts_since = 0.0
         #: the message it stopped with (None: it has not fired)
         self.fired: str | None = None
         self._closed = threading.Event()
@@ -148,26 +160,56 @@ class Watchdog:
             self._thread.start()
 
     def poll(self) -> bool:
-        """One look; True if the newest call had stalled past the limit (``stop`` ran)."""
+        """One look; True if the newest call, or an op call inside a caller's graph, had
+        stalled past the limit (``stop`` ran)."""
+        message = self._eager_stall() or self._caller_graph_stall()
+        if message is None:
+            return False
+        self.fired = message
+        self._stop(message)
+        return True
+
+    def _eager_stall(self) -> str | None:
+        """Why the newest call this host enqueued stalled past the limit, or None."""
         event, enqueued = self.signals.last_call()
         if event is None or self.signals.checking or event.query():
             self._progress = None  # finished, or check() bounds it now
-            return False
+            return None
         now = self._clock()
         if self._progress != enqueued:  # a call enqueued since the last look: progress
             self._progress, self._since = enqueued, now
-            return False
+            return None
         waited = now - self._since
         if waited < self.limit_s:
-            return False
+            return None
         try:
             found = f"the newest call's diagnosis: {self.signals.stalled(waited)}"
         except Exception as e:  # noqa: BLE001 -- the stop must still happen, with what is known
             found = f"its diagnosis failed ({type(e).__name__}: {e})"
-        self.fired = (f"no progress for {waited:.0f} s with a call unfinished and nothing "
-                      f"enqueued after it; {found}")
-        self._stop(self.fired)
-        return True
+        return (f"no progress for {waited:.0f} s with a call unfinished and nothing "
+                f"enqueued after it; {found}")
+
+    def _caller_graph_stall(self) -> str | None:
+        """Why an op call inside a caller's graph stalled past the limit, or None: one has
+        entered and not left, and neither count moved (no host code runs around it)."""
+        if self.progress is None:
+            return None
+        entered, left, ident = self.progress.snapshot()
+        if entered == left:
+            self._counts = None
+            return None
+        now = self._clock()
+        if self._counts != (entered, left):
+            self._counts, self._counts_since = (entered, left), now
+            return None
+        waited = now - self._counts_since
+        if waited < self.limit_s:
+            return None
+        what = (f"the op call of {self.progress.describe(ident)}, inside a caller's CUDA graph, "
+                f"made no progress for {waited:.0f} s ({entered} such calls entered, {left} "
+                "left): a peer never posted its tokens, or posted another call's")
+        self.signals.fail(PeerTimeoutError(f"{self.signals.owner}: {what}"))
+        return what
 
     def close(self) -> None:
         """Stop watching (the backend closes, or the interpreter exits)."""

@@ -1,0 +1,193 @@
+"""Op calls inside a caller's CUDA graph (radiance_ar.transport.caller_graphs) on the CPU:
+where they are allowed and the reason given where not, the entry barrier a caller's round
+opens with, the counts the graph keeps (its kernel under Triton's interpreter), the
+watchdog stopping on counts that stop moving, and buffers held against growth."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from interpreter import run_under_interpreter
+from radiance_ar.buffers import refuse_growth_in_capture
+from radiance_ar.call_contract import CallSignature, ResyncRequiredError
+from radiance_ar.overlap.plan import in_caller_capture
+from radiance_ar.overlap.scratch import ScratchPool
+from radiance_ar.transport import tokens
+from radiance_ar.transport.call_streams import CallStreams
+from radiance_ar.transport.caller_graphs import caller_capture_reason
+from radiance_ar.transport.signals import _HEADER as HEADER_WORDS
+from radiance_ar.transport.watchdog import Watchdog
+from signal_fakes import gpu_signals
+
+SIG = CallSignature(2048, 5120, torch.bfloat16, "flags", 2048, 4352, 17)
+CPU = torch.device("cpu")
+
+
+def test_the_gate_needs_replayable_calls_then_the_watchdog_then_on():
+    assert caller_capture_reason("on", None, None) is None
+    assert caller_capture_reason("on", "one rank: the op's all-reduce is a copy", None) == (
+        "its calls cannot be captured here: one rank: the op's all-reduce is a copy")
+    why = caller_capture_reason("on", None, "RADIANCE_AR_WATCHDOG_S=0 (off)")
+    assert why.startswith("a caller's replay runs none of this host's code, so only the "
+                          "watchdog bounds its waits on peers")
+    assert why.endswith("RADIANCE_AR_WATCHDOG_S=0 (off)")
+    for graphs in ("auto", "off"):  # never run on a GPU: asked for by name only
+        assert "RADIANCE_AR_OP_GRAPHS=on allows it" in caller_capture_reason(graphs, None, None)
+
+
+class Runtime(SimpleNamespace):
+    """What ``in_caller_capture`` reads of a runtime."""
+
+    def caller_capture_reason(self):
+        return self.reason
+
+
+def capturing_x(rows: int = 4096):
+    """Stands for a CUDA tensor on a capturing stream (the capture itself is the GPU test's)."""
+    return SimpleNamespace(is_cuda=True, shape=(rows, 4352))
+
+
+def test_a_refused_capture_names_the_backend_and_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    rt = Runtime(backend=SimpleNamespace(name="sdma"), settings=SimpleNamespace(min_m=2048),
+                 reason="the reason given")
+    with pytest.raises(RuntimeError, match=r"backend 'sdma' cannot run its sliced path \(M = "
+                       r"4096 >= RADIANCE_AR_OVERLAP_MIN_M = 2048\) inside CUDA-graph capture: "
+                       r"the reason given; capture only the decode path"):
+        in_caller_capture(rt, capturing_x())
+    rt.reason = None
+    assert in_caller_capture(rt, capturing_x())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert not in_caller_capture(rt, capturing_x())
+    assert not in_caller_capture(rt, torch.zeros(4, 4))  # a CPU tensor is never captured
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_callers_round_opens_with_the_entry_barrier_and_marks_nothing(size):
+    rank = 1
+    signals, flags, inbox, engine = gpu_signals(size, rank)
+    peers = [p for p in range(size) if p != rank]
+    ended = []
+    with tokens.capture_round(signals, CallStreams(CPU, 1, None), peers, CPU,
+                              lambda: ended.append(True), entry=SIG) as rnd:
+        # no mark for peers' hosts: none bounds a caller's replay
+        assert int(flags.peer(rank).view(torch.int64)[HEADER_WORDS["capturing"]]) == 0
+        with signals.call(SIG):
+            signals.post("done", signals.epoch, 0)
+    (s0, post), (s1, entry_wait), (s2, done_post), (s3, done_wait) = engine.batches
+    assert s0 == s1 == s2 == s3 == 0  # all on the capturing stream
+    value = tokens.token_value("entry", 0, SIG)
+    assert post == [("write", inbox.peer(p).data_ptr()
+                     + tokens.word("entry", rank, 0, size) * tokens.WORD_BYTES, value)
+                    for p in peers]
+    mine = [inbox.peer(rank).data_ptr() + tokens.word("entry", p, 0, size) * tokens.WORD_BYTES
+            for p in peers]
+    assert entry_wait == ([("wait_eq", a, value) for a in mine]
+                          + [("write", a, 0) for a in mine])
+    assert [op for op, _, _ in done_post] == ["write"] * (size - 1)
+    assert [op for op, _, _ in done_wait] == ["wait_eq"] * (size - 1) + ["write"] * (size - 1)
+    assert [(a.kind, a.peer) for a in rnd.awaited] == (
+        [("entry", p) for p in peers] + [("done", p) for p in peers])
+    assert rnd.end_event is None and ended == [True] and signals.round is None
+
+
+def test_the_entry_token_has_words_and_values_of_its_own():
+    size = 4
+    entry = {tokens.word("entry", p, k, size) for p in range(size) for k in range(tokens.MAX_CALLS)}
+    others = {tokens.word(kind, p, k, size) for kind in ("ready", "reduced", "done")
+              for p in range(size) for k in range(tokens.MAX_CALLS)}
+    assert not entry & others and max(entry) * tokens.WORD_BYTES < tokens.inbox_bytes(size)
+    values = {tokens.token_value(kind, 0, SIG) for kind in tokens.KINDS}
+    assert len(values) == len(tokens.KINDS) and 0 not in values
+
+
+def test_the_graphs_counts_under_the_interpreter():
+    # The kernel a caller's graph runs at each op call's entry and exit, on CPU tensors
+    # (Triton's interpreter): the counts and the ident, the warm-up leaving them at 0.
+    run_under_interpreter("""
+import torch
+from radiance_ar.call_contract import CallSignature
+from radiance_ar.transport.caller_graphs import CallerProgress
+p = CallerProgress(torch.device("cpu"))
+assert p.snapshot() == (0, 0, 0), p.snapshot()
+a = CallSignature(2048, 5120, torch.bfloat16, "flags", 2048, 4352, 3)
+b = CallSignature(4096, 5120, torch.bfloat16, "flags", 4096, 4352, 4)
+p.enter(a)
+assert p.snapshot() == (1, 0, 1), p.snapshot()
+p.leave()
+p.enter(b)
+assert p.snapshot() == (2, 1, 2), p.snapshot()
+assert p.describe(2) == b.describe() and p.describe(1) == a.describe()
+assert p.describe(0) == "call 0"
+print("interpreter-ok")
+""")
+
+
+class Counts:
+    """A progress block the test writes: what the watchdog reads of a CallerProgress."""
+
+    def __init__(self):
+        self.words = np.zeros(3, dtype=np.int64)
+
+    def snapshot(self):
+        return tuple(int(w) for w in self.words)
+
+    def describe(self, ident):
+        return f"the test's call {ident}"
+
+
+def watched(limit: float = 5.0):
+    signals, flags, _, _ = gpu_signals(2, 0)
+    counts, stops, clock = Counts(), [], [0.0]
+    dog = Watchdog(signals, limit, stop=stops.append, clock=lambda: clock[0], start=False,
+                   progress=counts)
+
+    def poll_at(t: float) -> bool:
+        clock[0] = t
+        return dog.poll()
+
+    return signals, flags, counts, stops, poll_at
+
+
+def test_a_call_inside_a_callers_graph_that_stops_counting_stops_the_process():
+    signals, flags, counts, stops, poll_at = watched()
+    assert not poll_at(0.0)
+    counts.words[:] = (1, 1, 1)  # one call entered and left: nothing in flight
+    assert not poll_at(100.0)
+    counts.words[:] = (2, 1, 2)  # the second entered
+    assert [poll_at(t) for t in (101.0, 105.9)] == [False, False]  # the clock starts at 101
+    assert poll_at(106.1) and len(stops) == 1
+    assert stops[0] == ("the op call of the test's call 2, inside a caller's CUDA graph, made "
+                        "no progress for 5 s (2 such calls entered, 1 left): a peer never "
+                        "posted its tokens, or posted another call's")
+    assert int(flags.peer(0).view(torch.int64)[HEADER_WORDS["abort"]]) >= 1  # peers told
+    with pytest.raises(ResyncRequiredError, match="PeerTimeoutError"):
+        with signals.call(SIG):
+            pass
+
+
+def test_graphs_that_keep_counting_are_progress():
+    # A decode loop replays the graph for ever: entered and left move, whatever the clock.
+    _, _, counts, stops, poll_at = watched()
+    for step in range(1, 40):
+        counts.words[:] = (step, step - 1, 1)  # sampled mid-call, every time
+        assert not poll_at(step * 4.0)
+    counts.words[:] = (39, 39, 1)
+    assert not poll_at(1000.0) and stops == []
+
+
+def test_held_buffers_refuse_to_grow_and_say_why():
+    with pytest.raises(RuntimeError, match="scratch: growth requested after a caller's CUDA "
+                       "graph captured op calls that use these buffers"):
+        refuse_growth_in_capture("scratch", CPU, held=True)
+    refuse_growth_in_capture("scratch", CPU)  # not held, not capturing
+    pool = ScratchPool()
+    pool.get("gemm", (4, 8), torch.bfloat16, CPU)
+    pool.held = True
+    pool.get("gemm", (2, 8), torch.bfloat16, CPU)  # fits: nothing moves
+    pool.get("other", (64, 8), torch.bfloat16, CPU)  # a buffer no graph holds yet
+    with pytest.raises(RuntimeError, match="scratch buffer 'gemm' .*after a caller's CUDA graph"):
+        pool.get("gemm", (64, 8), torch.bfloat16, CPU)
+    assert pool.growths == 2
