@@ -1,11 +1,18 @@
-"""Grow-only persistent buffers: how much to grow, and never while a graph is captured.
+"""Grow-only persistent buffers: how much to grow, never while a graph is captured, and
+kept while a caller's graph holds them.
 
 A leaf: the transports, the op's scratch pool and the backends import it.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import torch
+
+#: what :func:`keep_until_exit` keeps
+_kept: list[Any] = []
 
 
 def grown_size(need: int, current: int, align: int = 1) -> int:
@@ -28,3 +35,14 @@ def refuse_growth_in_capture(what: str, device: torch.device, held: bool = False
             f"{what}: growth requested after a caller's CUDA graph captured op calls that use "
             "these buffers, which it replays at their address; run the largest M once before "
             "capturing (vLLM's profile run does)")
+
+
+def keep_until_exit(owner: Any, what: str) -> None:
+    """Keep ``owner`` (and so every buffer it holds) alive until the process exits, with a
+    warning: it is being closed while a caller's CUDA graph replays its buffers' addresses
+    (radiance_ar.transport.caller_graphs), and freed memory under a replay is a silent
+    wrong result, where memory kept is only memory."""
+    _kept.append(owner)
+    logging.getLogger("radiance_ar").warning(
+        "radiance-ar: %s closed while a caller's CUDA graph holds its buffers; they are kept "
+        "until the process exits (drop the graphs before closing to free them)", what)

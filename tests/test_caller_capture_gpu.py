@@ -23,11 +23,11 @@ def test_a_callers_graph_replays_every_result_right(size, backend):
         pytest.fail(f"the gate refused the capture: {res[0]['skipped']}")
     for rank, r in enumerate(res):
         assert len(r["rels"]) == REPLAYS
-        worst = max(r["rels"])  # NaN poison left anywhere fails too
-        assert worst <= r["bound"], (rank, worst)
+        wrong = [(i, e) for i, e in enumerate(r["rels"]) if not e <= r["bound"]]  # NaN too
+        assert not wrong, (rank, wrong)
         assert r["digests"] == res[0]["digests"], rank  # the same bits on every rank
         assert r["counts"] == (REPLAYS, REPLAYS, 1), r["counts"]  # entered, left, ident
-        assert "growth requested after a caller's CUDA graph" in r["grown"], r["grown"]
+        assert "growth requested after a caller's CUDA graph" in (r["grown"] or ""), r["grown"]
         assert r["own_graphs"] >= 1  # the eager warm-up went through the op's own graphs
     assert len(set(res[0]["digests"])) == REPLAYS  # every replay computed its own input
 
@@ -41,4 +41,5 @@ def test_a_replay_a_peer_skips_stops_the_process_through_the_watchdog():
     assert res[0] is None and procs[0].exitcode == -6, procs[0].exitcode  # SIGABRT
     seen = res[1]
     assert seen["dead"] == [0] and seen["abort"] > 0, seen  # the abort word came first
-    assert limit_s <= seen["after_s"] < limit_s + 15, seen
+    # rank 1's clock starts at the barrier, rank 0's watchdog's up to a poll after its replay
+    assert limit_s - 1 <= seen["after_s"] < limit_s + 15, seen

@@ -1,8 +1,10 @@
 """Op calls inside a caller's CUDA graph (radiance_ar.transport.caller_graphs) on the CPU:
 where they are allowed and the reason given where not, the entry barrier a caller's round
 opens with, the counts the graph keeps (its kernel under Triton's interpreter), the
-watchdog stopping on counts that stop moving, and buffers held against growth."""
+watchdog stopping on counts that stop moving, and buffers held against growth. The
+wiring of a caller's round runs the real methods on stand-ins for their collaborators."""
 
+import contextlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,6 +12,8 @@ import pytest
 import torch
 
 from interpreter import run_under_interpreter
+from radiance_ar.backends.transport_backend import TransportBackend
+from radiance_ar import buffers
 from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.call_contract import CallSignature, ResyncRequiredError
 from radiance_ar.overlap.plan import in_caller_capture
@@ -17,6 +21,7 @@ from radiance_ar.overlap.scratch import ScratchPool
 from radiance_ar.transport import tokens
 from radiance_ar.transport.call_streams import CallStreams
 from radiance_ar.transport.caller_graphs import caller_capture_reason
+from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.transport.signals import _HEADER as HEADER_WORDS
 from radiance_ar.transport.watchdog import Watchdog
 from signal_fakes import gpu_signals
@@ -34,7 +39,9 @@ def test_the_gate_needs_replayable_calls_then_the_watchdog_then_on():
                           "watchdog bounds its waits on peers")
     assert why.endswith("RADIANCE_AR_WATCHDOG_S=0 (off)")
     for graphs in ("auto", "off"):  # never run on a GPU: asked for by name only
-        assert "RADIANCE_AR_OP_GRAPHS=on allows it" in caller_capture_reason(graphs, None, None)
+        assert caller_capture_reason(graphs, None, None) == (
+            "the sliced path inside a caller's graph has not yet run on a GPU; "
+            "RADIANCE_AR_OP_GRAPHS=on allows it")
 
 
 class Runtime(SimpleNamespace):
@@ -191,3 +198,80 @@ def test_held_buffers_refuse_to_grow_and_say_why():
     with pytest.raises(RuntimeError, match="scratch buffer 'gemm' .*after a caller's CUDA graph"):
         pool.get("gemm", (64, 8), torch.bfloat16, CPU)
     assert pool.growths == 2
+
+
+class Recorder:
+    """Stands for what a caller's round drives: records the order of its steps."""
+
+    def __init__(self):
+        self.steps = []
+
+    def enter(self, sig):
+        self.steps.append(("entered", sig.layer))
+
+    def leave(self):
+        self.steps.append("left")
+
+    @contextlib.contextmanager
+    def capture_round(self, end, entry=None):
+        self.steps.append(("round", entry.layer))
+        yield "the round"
+        self.steps.append("done tokens consumed")
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_callers_round_is_counted_around_the_tokens_and_kept(fails):
+    rec = Recorder()
+    backend = SimpleNamespace(caller_progress=rec, transport=rec, caller_rounds=[])
+    with contextlib.suppress(RuntimeError):
+        with TransportBackend.caller_capture_round(backend, SIG):
+            rec.steps.append("the op's sliced path")
+            if fails:
+                raise RuntimeError("the capture failed")
+    if fails:  # nothing counted as left, no round kept: the caller has no graph
+        assert rec.steps == [("entered", 17), ("round", 17), "the op's sliced path"]
+        assert backend.caller_rounds == []
+    else:
+        assert rec.steps == [("entered", 17), ("round", 17), "the op's sliced path",
+                             "done tokens consumed", "left"]
+        assert backend.caller_rounds == ["the round"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_transport_captured_by_a_caller_holds_its_buffers(fails):
+    signals, _, _, _ = gpu_signals(2, 0)
+
+    @contextlib.contextmanager
+    def graph_forms():
+        yield []
+
+    transport = SimpleNamespace(
+        signals=signals, buffers=SimpleNamespace(in_graph=graph_forms),
+        engine=SimpleNamespace(in_graph=graph_forms), call_streams=CallStreams(CPU, 1, None),
+        peers=[1], world=SimpleNamespace(device=CPU), held=False, owner="sdma", capacity=1024)
+    with contextlib.suppress(RuntimeError):
+        with CopyTransport.capture_round(transport, lambda: None, entry=SIG):
+            if fails:
+                raise RuntimeError("the capture failed")
+    assert transport.held is not fails
+    with CopyTransport.capture_round(transport, lambda: None):  # the op's own: holds nothing
+        pass
+    assert transport.held is not fails
+    if not fails:
+        with pytest.raises(RuntimeError, match=r"sdma buffers \(4096 B per slice buffer\): "
+                           "growth requested after a caller's CUDA graph"):
+            CopyTransport.ensure_capacity(transport, 4096)
+
+
+def test_closing_what_a_callers_graph_holds_keeps_it_and_says_so(caplog):
+    closed = []
+    backend = SimpleNamespace(held=True, name="sdma", watchdog=None,
+                              transport=SimpleNamespace(close=lambda: closed.append(True)))
+    with caplog.at_level("WARNING", logger="radiance_ar"):
+        TransportBackend.close(backend)
+    assert closed == [] and any(kept is backend for kept in buffers._kept)
+    assert "backend 'sdma' closed while a caller's CUDA graph holds its buffers" in caplog.text
+    buffers._kept.remove(backend)
+    backend.held = False
+    TransportBackend.close(backend)
+    assert closed == [True]

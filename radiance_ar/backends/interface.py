@@ -101,7 +101,8 @@ class Backend(abc.ABC):
     #: ``settings.spin_timeout_ms`` (tests give such backends the misuse scenarios)
     waits_on_peers: ClassVar[bool] = False
 
-    #: a caller's CUDA graph captured calls of this backend: its buffers may not grow
+    #: a caller's CUDA graph captured calls of this backend: its buffers may not grow, and
+    #: ``close`` keeps them until the process exits (radiance_ar.buffers.keep_until_exit)
     held: bool = False
     #: the cross-rank flags of a backend with a protocol of its own (None: the vendor's)
     signals: "Signals | None" = None

@@ -53,7 +53,7 @@ from radiance_ar.transport import passive_peers
 from radiance_ar import wht6
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend, check_capacity_args, check_slice
-from radiance_ar.buffers import grown_size, refuse_growth_in_capture
+from radiance_ar.buffers import grown_size, keep_until_exit, refuse_growth_in_capture
 from radiance_ar.backends.registry import register
 from radiance_ar.call_contract import CollectiveMismatchError, FaultState
 from radiance_ar.backends.kernels import oneshot_wht6 as kernel
@@ -253,6 +253,9 @@ class OneshotWht6Backend(Backend):
             torch.cuda.synchronize(self.world.device)
 
     def close(self) -> None:
+        if self.held:
+            keep_until_exit(self, "backend 'oneshot_wht6'")
+            return
         if self.gpu and self.world.size > 1 and self._enqueued:
             self._done.synchronize()
         self._pub = self._own = None

@@ -162,8 +162,8 @@ class SdmaWht6Backend(TransportBackend):
                 and self.world.device.type == "cuda" and self.world.size > 1):
             self._warm_codec(cols, dtype)
             self._warm.add((cols, dtype))
-        self.cols = cols
         self.transport.ensure_capacity(rows * row_bytes)
+        self.cols = cols  # after a growth that may be refused
 
     def _warm_codec(self, cols: int, dtype: torch.dtype) -> None:
         """Compile and load the codec kernels now, for the reason given in

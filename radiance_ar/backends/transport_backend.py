@@ -23,6 +23,7 @@ from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend
 from radiance_ar.backends.sdma_schedule import COMPUTE_UNITS
+from radiance_ar.buffers import keep_until_exit
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.transport.tokens import TokenRound
 from radiance_ar.transport.trace import StepTrace
@@ -146,7 +147,15 @@ class TransportBackend(Backend):
         ``check`` on every rank first; refused in gpu-symm)."""
         self.transport.resync()
 
+    @property
+    def held(self) -> bool:
+        """A caller's CUDA graph holds the transport's buffers (they may not grow or go)."""
+        return self.transport.held
+
     def close(self) -> None:
+        if self.held:  # the graph's buffers and counts, and the watchdog that bounds it
+            keep_until_exit(self, f"backend {self.name!r}")
+            return
         if self.watchdog is not None:
             self.watchdog.close()
             self.watchdog = None

@@ -19,6 +19,7 @@ import torch
 
 from radiance_ar import backends
 from radiance_ar.backends.interface import Backend
+from radiance_ar.buffers import keep_until_exit
 from radiance_ar.envs import AUTO_BACKEND
 from radiance_ar.transport.world import World, log_once
 from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
@@ -157,6 +158,8 @@ class OverlapRuntime:
             self.auto.close()
         if self._graphs is not None:
             self._graphs.clear()
+        if self.scratch.held:
+            keep_until_exit(self.scratch, "the op's scratch pool")
         self.backend.close()
         if self._stock is not None and self._stock is not self.backend:
             self._stock.close()

@@ -28,12 +28,21 @@ and none of this host's code runs around a replay::
   caller's host has already enqueued what reads them.
 
 What the graph holds must stay put: after a caller's capture, a growth of the backend's
-buffers or of the op's scratch pool raises (``radiance_ar.buffers.refuse_growth``), as
-growth during a capture does. vLLM's profile run at the largest batch precedes its
-captures, so its buffers are grown by then.
+buffers or of the op's scratch pool raises (:func:`radiance_ar.buffers.refuse_growth_in_capture`),
+as growth during a capture does, and closing the backend or the runtime keeps them until the
+process exits (:func:`radiance_ar.buffers.keep_until_exit`). vLLM's profile run at the largest
+batch precedes its captures, so its buffers are grown by then.
+
+What it assumes of the caller: its replays run on the stream its eager forward runs on (or
+after it), one op call in flight per rank (no two micro-batches replayed on two streams at
+once: their tokens would share words), and its layers registered
+(:meth:`OverlapRuntime.register_layer`; the vLLM installer does), so that two layers of one
+shape post different entry tokens.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 
@@ -56,8 +65,8 @@ def caller_capture_reason(graphs: str, replay_reason: str | None,
         return ("a caller's replay runs none of this host's code, so only the watchdog "
                 f"bounds its waits on peers, and it does not run: {watchdog_reason}")
     if graphs != "on":
-        return ("captured by a caller it has not yet run on a GPU; RADIANCE_AR_OP_GRAPHS=on "
-                "allows it")
+        return ("the sliced path inside a caller's graph has not yet run on a GPU; "
+                "RADIANCE_AR_OP_GRAPHS=on allows it")
     return None
 
 
@@ -70,6 +79,8 @@ class CallerProgress:
         gpu = self.device.type == "cuda"
         self.words = torch.zeros(WORDS, dtype=torch.int64, pin_memory=gpu)
         self._np = self.words.numpy()
+        #: the words as the kernel takes them, made once (not queried inside a capture)
+        self._arg = kernel_pointer(self.words)
         #: what each captured op call is, by ident - 1
         self._calls: list[str] = []
         # both variants compiled and loaded now, on these very words (the same pointer
@@ -84,8 +95,11 @@ class CallerProgress:
     def _launch(self, which: int, ident: int) -> None:
         from radiance_ar.transport.progress_kernel import LAST, count_progress_kernel
 
-        count_progress_kernel[(1,)](kernel_pointer(self.words), ident, WHICH=which,
-                                    LAST_WORD=LAST, num_warps=1)
+        # on the rank's device: Triton keeps its loaded kernels per device, and a kernel
+        # first launched inside a capture would be loaded there
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
+            count_progress_kernel[(1,)](self._arg, ident, WHICH=which, LAST_WORD=LAST,
+                                        num_warps=1)
 
     def enter(self, sig: CallSignature) -> None:
         """Enqueue, on the current stream, the count of an op call of ``sig`` entered."""

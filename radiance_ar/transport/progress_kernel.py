@@ -2,7 +2,7 @@
 
 A stream memory operation writes a fixed value, and a replayed graph repeats it: a
 marker written that way cannot tell two healthy replays from one stuck replay. So the
-op calls a caller captures count on the device, one program of one lane::
+op calls a caller captures count on the device, one program (its scalar stores made by one lane)::
 
     words[LAST]  = ident                      (which == 0, entered, only)
     words[which] = words[which] + 1

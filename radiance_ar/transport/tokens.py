@@ -7,7 +7,8 @@ instead, as NCCL's copy-engine collectives do:
 
 - every rank owns an INBOX of int64 words, whose low 32 bits stream operations write and
   compare; sender p's token of kind ``ready``, ``reduced`` or ``done`` for the k-th call
-  of the graph lands in word (kind, p, k) of the receiver's inbox;
+  of the graph (or ``entry``, which opens an op call in a caller's graph) lands in word
+  (kind, p, k) of the receiver's inbox;
 - the sender posts it with a stream write-value of a fixed value into the receiver's
   inbox; the receiver's stream waits until its word equals that value, then writes 0
   back: each token is consumed exactly once, so a later replay's wait cannot pass on an

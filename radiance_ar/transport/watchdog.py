@@ -162,7 +162,9 @@ class Watchdog:
     def poll(self) -> bool:
         """One look; True if the newest call, or an op call inside a caller's graph, had
         stalled past the limit (``stop`` ran)."""
-        message = self._eager_stall() or self._caller_graph_stall()
+        # the graph first: an eager call queued behind a stuck graph stalls too, and its
+        # diagnosis would blame the wrong wait
+        message = self._caller_graph_stall() or self._eager_stall()
         if message is None:
             return False
         self.fired = message
@@ -205,9 +207,12 @@ class Watchdog:
         waited = now - self._counts_since
         if waited < self.limit_s:
             return None
+        dead = self.signals.dead_peers()
+        who = (f"peer rank(s) {dead} exited" if dead else
+               "a peer never posted its tokens, or posted another call's")
         what = (f"the op call of {self.progress.describe(ident)}, inside a caller's CUDA graph, "
                 f"made no progress for {waited:.0f} s ({entered} such calls entered, {left} "
-                "left): a peer never posted its tokens, or posted another call's")
+                f"left): {who}")
         self.signals.fail(PeerTimeoutError(f"{self.signals.owner}: {what}"))
         return what
 
