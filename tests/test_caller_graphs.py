@@ -11,11 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+import world_jobs
 from interpreter import run_under_interpreter
+from radiance_ar import overlap
 from radiance_ar.backends.transport_backend import TransportBackend
 from radiance_ar import buffers
 from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.call_contract import CallSignature, ResyncRequiredError
+from radiance_ar.overlap import op
+from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.plan import in_caller_capture
 from radiance_ar.overlap.scratch import ScratchPool
 from radiance_ar.transport import tokens
@@ -24,6 +28,7 @@ from radiance_ar.transport.caller_graphs import caller_capture_reason
 from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.transport.signals import _HEADER as HEADER_WORDS
 from radiance_ar.transport.watchdog import Watchdog
+from radiance_ar.transport.world import single_world
 from signal_fakes import gpu_signals
 
 SIG = CallSignature(2048, 5120, torch.bfloat16, "flags", 2048, 4352, 17)
@@ -275,3 +280,20 @@ def test_closing_what_a_callers_graph_holds_keeps_it_and_says_so(caplog):
     backend.held = False
     TransportBackend.close(backend)
     assert closed == [True]
+
+
+def test_the_op_runs_a_callers_capture_as_one_round_and_holds_its_scratch(monkeypatch):
+    # One CPU rank, a capture-safe backend whose GEMM output is the op's scratch buffer; the
+    # capture itself stood for (a CPU tensor is never captured): the op must not reach for
+    # its own graph cache, and afterwards neither the scratch nor the backend may grow.
+    rt = overlap.build(single_world("cpu"), OverlapSettings(True, "oneshot_wht6", 8, 2))
+    monkeypatch.setattr(op, "in_caller_capture", lambda rt_, x_: True)
+    monkeypatch.setattr(rt, "graphs", lambda: pytest.fail("the op's own graphs in a capture"))
+    x, w = world_jobs.shard(0, 0, 16, 256, 32)
+    out = op.forward(rt, x, w, None, "bf16")
+    assert torch.equal(out, torch.mm(x, w.t()))
+    assert rt.scratch.held and rt.backend.held
+    big, _ = world_jobs.shard(1, 0, 64, 256, 32)
+    with pytest.raises(RuntimeError, match="growth requested after a caller's CUDA graph"):
+        op.forward(rt, big, w, None, "bf16")
+    rt.close()
