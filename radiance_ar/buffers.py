@@ -44,5 +44,6 @@ def keep_until_exit(owner: Any, what: str) -> None:
     wrong result, where memory kept is only memory."""
     _kept.append(owner)
     logging.getLogger("radiance_ar").warning(
-        "radiance-ar: %s closed while a caller's CUDA graph holds its buffers; they are kept "
-        "until the process exits (drop the graphs before closing to free them)", what)
+        "radiance-ar: %s closed after a caller's CUDA graph captured calls that use its "
+        "buffers; they are kept until the process exits (a graph replayed later would "
+        "otherwise read freed memory)", what)

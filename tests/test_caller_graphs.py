@@ -275,7 +275,7 @@ def test_closing_what_a_callers_graph_holds_keeps_it_and_says_so(caplog):
     with caplog.at_level("WARNING", logger="radiance_ar"):
         TransportBackend.close(backend)
     assert closed == [] and any(kept is backend for kept in buffers._kept)
-    assert "backend 'sdma' closed while a caller's CUDA graph holds its buffers" in caplog.text
+    assert "backend 'sdma' closed after a caller's CUDA graph captured calls" in caplog.text
     buffers._kept.remove(backend)
     backend.held = False
     TransportBackend.close(backend)

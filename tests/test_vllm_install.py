@@ -12,6 +12,7 @@ vLLM is tested in ``test_vllm_routes.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import types
@@ -229,6 +230,29 @@ def test_enabled_install_without_vllm_raises_a_clear_import_error(monkeypatch):
         vi.install(_stand_in_model(), settings=ON)
 
 
+def vllm_config(sizes, enforce_eager=False, mode=None):
+    """What captured_sizes reads of a VllmConfig (vLLM 0.32's names)."""
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(enforce_eager=enforce_eager),
+        compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=sizes,
+                                                 cudagraph_mode=mode))
+
+
+def test_the_sizes_vllm_captures_and_a_capture_the_backend_would_refuse():
+    assert vi.captured_sizes(vllm_config([512, 1, 4096])) == [1, 512, 4096]
+    assert vi.captured_sizes(vllm_config([512], enforce_eager=True)) == []
+    assert vi.captured_sizes(vllm_config([512], mode=types.SimpleNamespace(name="NONE"))) == []
+    assert vi.captured_sizes(vllm_config(None)) == [] and vi.captured_sizes(None) == []
+    why = "a caller's replay runs none of this host's code"
+    assert vi.capture_conflict([1, 512], 2048, "sdma", why) is None  # decode path only
+    assert vi.capture_conflict([1, 4096], 2048, "sdma", None) is None  # the backend allows it
+    assert vi.capture_conflict([1, 2048, 4096], 2048, "sdma", why) == (
+        "vLLM captures batch sizes [2048, 4096] into CUDA graphs, at or above "
+        "RADIANCE_AR_OVERLAP_MIN_M = 2048, where backend 'sdma''s sliced path would run inside "
+        f"the capture, which it refuses: {why}. Set RADIANCE_AR_OVERLAP_MIN_M above 4096, or "
+        "vLLM's max_cudagraph_capture_size below 2048")
+
+
 # ---------------------------------------------------------------- against a real vLLM
 
 @pytest.fixture(scope="module")
@@ -331,3 +355,15 @@ def test_real_vllm_quantized_layers_route_through_their_producers_and_match_stoc
         for name, targets in r["targets"].items():
             assert targets.count("radiance.linear_ar") == 1, (name, targets)
             assert not any("allreduce" in t.replace("_", "") for t in targets), (name, targets)
+
+
+def test_the_capture_sizes_are_read_from_a_real_vllm_config():
+    config = pytest.importorskip("vllm.config")
+    compilation = config.CompilationConfig(cudagraph_capture_sizes=[1, 2048, 512],
+                                           cudagraph_mode=config.CUDAGraphMode.PIECEWISE)
+    real = types.SimpleNamespace(model_config=types.SimpleNamespace(enforce_eager=False),
+                                 compilation_config=compilation)
+    assert vi.captured_sizes(real) == [1, 512, 2048]
+    compilation.cudagraph_mode = config.CUDAGraphMode.NONE
+    assert vi.captured_sizes(real) == []
+    assert "enforce_eager" in {f.name for f in dataclasses.fields(config.ModelConfig)}

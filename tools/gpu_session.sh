@@ -4,7 +4,8 @@
 # Writes into OUT_DIR: summary.log, pytest_full.log, compare.log and compare.tar.gz (the
 # compare tool's JSON, CSV, PNGs and timeline), few files because a lent device returns few.
 # GPU_TESTS (space-separated test files) narrows the tests (default: every file marked gpu);
-# DEADLINE_S (default 540) stops starting test files once that many seconds have passed.
+# DEADLINE_S (default 540) stops starting test files once that many seconds have passed;
+# FILE_TIMEOUT_S (default 120) bounds each file (worlds of processes start slowly).
 set -uo pipefail
 out=${1:?usage: tools/gpu_session.sh OUT_DIR [compare flags...]}
 shift
@@ -23,7 +24,7 @@ for f in ${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}; do
         echo "$f: not run (deadline)" >> "$out/summary.log"; continue
     fi
     log=/tmp/gpu_session_$(basename "$f" .py).log  # this file's output only
-    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -o faulthandler_timeout=60 "$f" > "$log" 2>&1
+    timeout "${FILE_TIMEOUT_S:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -o faulthandler_timeout=60 "$f" > "$log" 2>&1
     rc=$?  # kept: a crash at interpreter exit (139) follows the pytest summary line
     { echo "===== $f"; cat "$log"; } >> "$out/pytest_full.log"
     verdict=$(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$log" | tail -1)  # pytest's last line

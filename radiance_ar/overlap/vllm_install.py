@@ -245,6 +245,34 @@ def _auto_choices(report: InstallReport, tp_size: int, route_: Route) -> str | N
     return None
 
 
+def captured_sizes(vllm_config: Any) -> list[int]:
+    """The batch sizes (tokens) vLLM will capture into CUDA graphs by ``vllm_config``: none
+    under ``enforce_eager`` or ``cudagraph_mode`` NONE (read duck-typed, as vLLM 0.32 names
+    them: ``compilation_config.cudagraph_capture_sizes``)."""
+    if vllm_config is None or getattr(getattr(vllm_config, "model_config", None),
+                                      "enforce_eager", False):
+        return []
+    compilation = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if mode is not None and getattr(mode, "name", mode) == "NONE":
+        return []
+    return sorted(int(s) for s in getattr(compilation, "cudagraph_capture_sizes", None) or [])
+
+
+def capture_conflict(sizes: Iterable[int], min_m: int, backend: str,
+                     reason: str | None) -> str | None:
+    """None, or why vLLM's CUDA-graph capture of batch ``sizes`` would meet the op's refusal
+    (a pure gate): a size at or above ``min_m`` takes the sliced path inside the capture,
+    which ``backend`` refuses for ``reason`` (``OverlapRuntime.caller_capture_reason``)."""
+    hit = [s for s in sizes if s >= min_m]
+    if not hit or reason is None:
+        return None
+    return (f"vLLM captures batch sizes {hit} into CUDA graphs, at or above "
+            f"RADIANCE_AR_OVERLAP_MIN_M = {min_m}, where backend {backend!r}'s sliced path would "
+            f"run inside the capture, which it refuses: {reason}. Set RADIANCE_AR_OVERLAP_MIN_M "
+            f"above {max(hit)}, or vLLM's max_cudagraph_capture_size below {min_m}")
+
+
 def _configure_on_tp_group(settings: OverlapSettings) -> None:
     """Collective over vLLM's TP group, once per process and settings (the process runtime
     remembers the group: :class:`radiance_ar.overlap.runtime.ProcessRuntime`): the op's runtime on
@@ -272,7 +300,9 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
     group (every TP rank loads the same model and calls this): it builds the op's
     runtime on that group before touching any layer, so a backend that cannot run here
     stops start-up with the layers unchanged. Idempotent. ``vllm_config`` (optional)
-    lets it see LoRA, whose wrappers bypass the layer's forward.
+    lets it see LoRA, whose wrappers bypass the layer's forward, and the batch sizes vLLM
+    will capture into CUDA graphs: where one takes the sliced path and the backend refuses
+    a caller's capture (:func:`capture_conflict`), start-up stops here, layers unchanged.
     """
     settings = from_env() if settings is None else settings
     report = InstallReport(settings)
@@ -293,9 +323,15 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
         logger.info(report.summary())
         return report
     chosen = plan(layers, report.tp_size, report)
+    from radiance_ar.overlap.runtime import PROCESS
     if chosen:
         _configure_on_tp_group(settings)
-    from radiance_ar.overlap.runtime import PROCESS
+        rt = PROCESS.current()
+        conflict = capture_conflict(captured_sizes(vllm_config), rt.settings.min_m,
+                                    rt.settings.backend, rt.caller_capture_reason()
+                                    ) if rt.world.device.type == "cuda" else None
+        if conflict is not None:  # the capture would raise later, in the middle of start-up
+            raise ValueError(f"radiance-ar: {conflict}")
     for name, layer, route_ in chosen:
         route(layer, route_, name)
         # numbered in model order, the same on every rank: each call's signature carries
