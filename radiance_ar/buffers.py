@@ -1,5 +1,5 @@
 """Grow-only persistent buffers: how much to grow, never while a graph is captured, and
-kept while a caller's graph holds them.
+what a caller's graph captured kept until the process exits.
 
 A leaf: the transports, the op's scratch pool and the backends import it.
 """
@@ -39,11 +39,12 @@ def refuse_growth_in_capture(what: str, device: torch.device, held: bool = False
 
 def keep_until_exit(owner: Any, what: str) -> None:
     """Keep ``owner`` (and so every buffer it holds) alive until the process exits, with a
-    warning: it is being closed while a caller's CUDA graph replays its buffers' addresses
-    (radiance_ar.transport.caller_graphs), and freed memory under a replay is a silent
-    wrong result, where memory kept is only memory."""
+    warning (``what``: what happens to it, e.g. "backend 'sdma' closed"), once per owner: a
+    caller's CUDA graph may replay its addresses (radiance_ar.transport.caller_graphs), and
+    freed memory under a replay is a silent wrong result, where memory kept is only memory."""
+    if any(kept is owner for kept in _kept):
+        return
     _kept.append(owner)
     logging.getLogger("radiance_ar").warning(
-        "radiance-ar: %s closed after a caller's CUDA graph captured calls that use its "
-        "buffers; they are kept until the process exits (a graph replayed later would "
-        "otherwise read freed memory)", what)
+        "radiance-ar: %s after a caller's CUDA graph captured calls that use it; kept until "
+        "the process exits (a graph replayed later would otherwise use freed memory)", what)

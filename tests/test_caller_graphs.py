@@ -14,6 +14,7 @@ import torch
 import world_jobs
 from interpreter import run_under_interpreter
 from radiance_ar import overlap
+from radiance_ar.backends.sdma import SdmaBackend
 from radiance_ar.backends.transport_backend import TransportBackend
 from radiance_ar import buffers
 from radiance_ar.buffers import refuse_growth_in_capture
@@ -190,19 +191,23 @@ def test_graphs_that_keep_counting_are_progress():
     assert not poll_at(1000.0) and stops == []
 
 
-def test_held_buffers_refuse_to_grow_and_say_why():
-    with pytest.raises(RuntimeError, match="scratch: growth requested after a caller's CUDA "
-                       "graph captured op calls that use these buffers"):
-        refuse_growth_in_capture("scratch", CPU, held=True)
-    refuse_growth_in_capture("scratch", CPU)  # not held, not capturing
+def test_held_buffers_refuse_to_grow_or_keep_the_old_one(caplog):
+    with pytest.raises(RuntimeError, match="sdma buffers: growth requested after a caller's "
+                       "CUDA graph captured op calls that use these buffers"):
+        refuse_growth_in_capture("sdma buffers", CPU, held=True)
+    refuse_growth_in_capture("sdma buffers", CPU)  # not held, not capturing
     pool = ScratchPool()
-    pool.get("gemm", (4, 8), torch.bfloat16, CPU)
+    first = pool.get("gemm", (4, 8), torch.bfloat16, CPU)
+    old = first.untyped_storage().data_ptr()
     pool.held = True
-    pool.get("gemm", (2, 8), torch.bfloat16, CPU)  # fits: nothing moves
-    pool.get("other", (64, 8), torch.bfloat16, CPU)  # a buffer no graph holds yet
-    with pytest.raises(RuntimeError, match="scratch buffer 'gemm' .*after a caller's CUDA graph"):
-        pool.get("gemm", (64, 8), torch.bfloat16, CPU)
-    assert pool.growths == 2
+    assert pool.get("gemm", (2, 8), torch.bfloat16, CPU).data_ptr() == old  # fits: nothing moves
+    with caplog.at_level("WARNING", logger="radiance_ar"):
+        grown = pool.get("gemm", (64, 8), torch.bfloat16, CPU)  # one rank's own: grows
+    assert grown.data_ptr() != old and pool.growths == 2
+    kept = [b for b in buffers._kept if isinstance(b, torch.Tensor) and b.data_ptr() == old]
+    assert len(kept) == 1, "the buffer a caller's graph captured was let go"
+    assert "scratch buffer 'gemm' (64 B) replaced after a caller's CUDA graph" in caplog.text
+    buffers._kept.remove(kept[0])
 
 
 class Recorder:
@@ -269,16 +274,19 @@ def test_a_transport_captured_by_a_caller_holds_its_buffers(fails):
 
 
 def test_closing_what_a_callers_graph_holds_keeps_it_and_says_so(caplog):
+    # A real SdmaBackend, not built (no world): what close() reads is its transport's hold.
     closed = []
-    backend = SimpleNamespace(held=True, name="sdma", watchdog=None,
-                              transport=SimpleNamespace(close=lambda: closed.append(True)))
+    backend = SdmaBackend.__new__(SdmaBackend)
+    backend.watchdog = None
+    backend.transport = SimpleNamespace(held=True, close=lambda: closed.append(True))
     with caplog.at_level("WARNING", logger="radiance_ar"):
-        TransportBackend.close(backend)
-    assert closed == [] and any(kept is backend for kept in buffers._kept)
-    assert "backend 'sdma' closed after a caller's CUDA graph captured calls" in caplog.text
+        backend.close()
+        backend.close()  # kept once, said once
+    assert closed == [] and [k for k in buffers._kept if k is backend] == [backend]
+    assert caplog.text.count("backend 'sdma' closed after a caller's CUDA graph") == 1
     buffers._kept.remove(backend)
-    backend.held = False
-    TransportBackend.close(backend)
+    backend.transport.held = False
+    backend.close()
     assert closed == [True]
 
 
@@ -287,13 +295,18 @@ def test_the_op_runs_a_callers_capture_as_one_round_and_holds_its_scratch(monkey
     # capture itself stood for (a CPU tensor is never captured): the op must not reach for
     # its own graph cache, and afterwards neither the scratch nor the backend may grow.
     rt = overlap.build(single_world("cpu"), OverlapSettings(True, "oneshot_wht6", 8, 2))
+    monkeypatch.setattr(buffers, "_kept", [])  # what this test keeps, and only that
     monkeypatch.setattr(op, "in_caller_capture", lambda rt_, x_: True)
     monkeypatch.setattr(rt, "graphs", lambda: pytest.fail("the op's own graphs in a capture"))
     x, w = world_jobs.shard(0, 0, 16, 256, 32)
     out = op.forward(rt, x, w, None, "bf16")
     assert torch.equal(out, torch.mm(x, w.t()))
     assert rt.scratch.held and rt.backend.held
+    # a larger eager call: the scratch grows into a new buffer, the captured one kept
+    growths = rt.scratch.growths
     big, _ = world_jobs.shard(1, 0, 64, 256, 32)
-    with pytest.raises(RuntimeError, match="growth requested after a caller's CUDA graph"):
-        op.forward(rt, big, w, None, "bf16")
-    rt.close()
+    assert torch.equal(op.forward(rt, big, w, None, "bf16"), torch.mm(big, w.t()))
+    assert rt.scratch.growths == growths + 1
+    rt.close()  # what the graph holds is kept, not freed
+    assert [type(k).__name__ for k in buffers._kept] == ["Tensor", "ScratchPool",
+                                                         "OneshotWht6Backend"]

@@ -247,10 +247,10 @@ def test_the_sizes_vllm_captures_and_a_capture_the_backend_would_refuse():
     assert vi.capture_conflict([1, 512], 2048, "sdma", why) is None  # decode path only
     assert vi.capture_conflict([1, 4096], 2048, "sdma", None) is None  # the backend allows it
     assert vi.capture_conflict([1, 2048, 4096], 2048, "sdma", why) == (
-        "vLLM captures batch sizes [2048, 4096] into CUDA graphs, at or above "
+        "vLLM may capture batch sizes [2048, 4096] into CUDA graphs, at or above "
         "RADIANCE_AR_OVERLAP_MIN_M = 2048, where backend 'sdma''s sliced path would run inside "
-        f"the capture, which it refuses: {why}. Set RADIANCE_AR_OVERLAP_MIN_M above 4096, or "
-        "vLLM's max_cudagraph_capture_size below 2048")
+        f"the capture, which it refuses: {why}; a capture of one will raise. Set "
+        "RADIANCE_AR_OVERLAP_MIN_M above 4096, or vLLM's max_cudagraph_capture_size below 2048")
 
 
 # ---------------------------------------------------------------- against a real vLLM

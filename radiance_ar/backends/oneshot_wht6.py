@@ -254,7 +254,7 @@ class OneshotWht6Backend(Backend):
 
     def close(self) -> None:
         if self.held:
-            keep_until_exit(self, "backend 'oneshot_wht6'")
+            keep_until_exit(self, "backend 'oneshot_wht6' closed")
             return
         if self.gpu and self.world.size > 1 and self._enqueued:
             self._done.synchronize()

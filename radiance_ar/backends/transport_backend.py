@@ -152,9 +152,13 @@ class TransportBackend(Backend):
         """A caller's CUDA graph holds the transport's buffers (they may not grow or go)."""
         return self.transport.held
 
+    @held.setter
+    def held(self, value: bool) -> None:
+        self.transport.held = value
+
     def close(self) -> None:
         if self.held:  # the graph's buffers and counts, and the watchdog that bounds it
-            keep_until_exit(self, f"backend {self.name!r}")
+            keep_until_exit(self, f"backend {self.name!r} closed")
             return
         if self.watchdog is not None:
             self.watchdog.close()

@@ -164,13 +164,13 @@ class AutoChoices:
         if rows < self.settings.min_m:
             return parent
         choice = self.choice(rows, cols, producer)
-        if (_key(choice) not in self._children and self.world.device.type == "cuda"
-                and torch.cuda.is_current_stream_capturing()):
+        if ((_key(choice) not in self._children or not self._agreed)
+                and self.world.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(
                 f"RADIANCE_AR_BACKEND=auto: a call of {rows} x {cols} ({producer}) inside CUDA-graph "
                 f"capture chooses {choice.backend} S={choice.slices} {choice.plan}, whose runtime "
-                "was never built: building it is collective and loads kernels, which a capture "
-                "cannot hold; run the shape once before capturing (vLLM's warm-up does)")
+                "was never built or agreed on: that is collective and loads kernels, which a "
+                "capture cannot hold; run the shape once before capturing (vLLM's warm-up does)")
         if self.world.emulated and _key(choice) not in self._children:
             raise ValueError(
                 f"RADIANCE_AR_BACKEND=auto, emulated rank {self.world.rank}: a call of {rows} x "

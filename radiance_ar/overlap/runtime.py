@@ -159,7 +159,7 @@ class OverlapRuntime:
         if self._graphs is not None:
             self._graphs.clear()
         if self.scratch.held:
-            keep_until_exit(self.scratch, "the op's scratch pool")
+            keep_until_exit(self.scratch, "the op's scratch pool closed")
         self.backend.close()
         if self._stock is not None and self._stock is not self.backend:
             self._stock.close()

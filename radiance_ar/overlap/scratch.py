@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from radiance_ar.buffers import grown_size, refuse_growth_in_capture
+from radiance_ar.buffers import grown_size, keep_until_exit, refuse_growth_in_capture
 
 
 class ScratchPool:
@@ -23,16 +23,17 @@ class ScratchPool:
         self._buffers: dict[tuple[torch.device, str], torch.Tensor] = {}
         #: how many times any buffer was (re)allocated; flat after warm-up
         self.growths = 0
-        #: a caller's CUDA graph captured views of the buffers: growth raises from then on
-        #: (it would free what the graph replays)
+        #: a caller's CUDA graph captured views of the buffers: from then on a growth keeps
+        #: the old buffer until the process exits (the graph replays its address)
         self.held = False
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
             device: torch.device) -> torch.Tensor:
         """A view of ``shape``/``dtype`` at the start of buffer ``name`` on ``device``.
 
-        Grows the buffer (on the current stream) when it is too small; refuses during
-        CUDA-graph capture and once ``held``. Contents are whatever the last user left.
+        Grows the buffer (on the current stream) when it is too small (once ``held``, the
+        old one is kept until the process exits); refuses during CUDA-graph capture.
+        Contents are whatever the last user left.
         """
         numel = 1
         for d in shape:
@@ -41,10 +42,11 @@ class ScratchPool:
         key = (torch.device(device), name)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < nbytes:
-            refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0],
-                                     self.held and buf is not None)
+            refuse_growth_in_capture(f"scratch buffer {name!r} ({nbytes} B)", key[0])
             # At least 1.5x: a new high M can first come late in a run (docs/history.md).
             grown = grown_size(nbytes, buf.numel() if buf is not None else 0)
+            if buf is not None and self.held:  # local to this rank: kept, not refused
+                keep_until_exit(buf, f"scratch buffer {name!r} ({buf.numel()} B) replaced")
             # Drop the old buffer first so the allocator can reuse its block.
             self._buffers.pop(key, None)
             del buf

@@ -246,9 +246,11 @@ def _auto_choices(report: InstallReport, tp_size: int, route_: Route) -> str | N
 
 
 def captured_sizes(vllm_config: Any) -> list[int]:
-    """The batch sizes (tokens) vLLM will capture into CUDA graphs by ``vllm_config``: none
-    under ``enforce_eager`` or ``cudagraph_mode`` NONE (read duck-typed, as vLLM 0.32 names
-    them: ``compilation_config.cudagraph_capture_sizes``)."""
+    """The batch sizes (tokens) vLLM may capture into CUDA graphs by ``vllm_config`` as it
+    stands when the model loads: none under ``enforce_eager`` or ``cudagraph_mode`` NONE
+    (read duck-typed, as vLLM 0.32 names them: ``compilation_config.cudagraph_capture_sizes``).
+    An upper bound: vLLM settles its mode after loading, and a decode-only mode captures only
+    the sizes of a decode batch."""
     if vllm_config is None or getattr(getattr(vllm_config, "model_config", None),
                                       "enforce_eager", False):
         return []
@@ -267,10 +269,11 @@ def capture_conflict(sizes: Iterable[int], min_m: int, backend: str,
     hit = [s for s in sizes if s >= min_m]
     if not hit or reason is None:
         return None
-    return (f"vLLM captures batch sizes {hit} into CUDA graphs, at or above "
+    return (f"vLLM may capture batch sizes {hit} into CUDA graphs, at or above "
             f"RADIANCE_AR_OVERLAP_MIN_M = {min_m}, where backend {backend!r}'s sliced path would "
-            f"run inside the capture, which it refuses: {reason}. Set RADIANCE_AR_OVERLAP_MIN_M "
-            f"above {max(hit)}, or vLLM's max_cudagraph_capture_size below {min_m}")
+            f"run inside the capture, which it refuses: {reason}; a capture of one will raise. "
+            f"Set RADIANCE_AR_OVERLAP_MIN_M above {max(hit)}, or vLLM's "
+            f"max_cudagraph_capture_size below {min_m}")
 
 
 def _configure_on_tp_group(settings: OverlapSettings) -> None:
@@ -301,8 +304,8 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
     runtime on that group before touching any layer, so a backend that cannot run here
     stops start-up with the layers unchanged. Idempotent. ``vllm_config`` (optional)
     lets it see LoRA, whose wrappers bypass the layer's forward, and the batch sizes vLLM
-    will capture into CUDA graphs: where one takes the sliced path and the backend refuses
-    a caller's capture (:func:`capture_conflict`), start-up stops here, layers unchanged.
+    may capture into CUDA graphs: where one would take the sliced path and the backend
+    refuses a caller's capture (:func:`capture_conflict`), a warning says so and what to set.
     """
     settings = from_env() if settings is None else settings
     report = InstallReport(settings)
@@ -326,12 +329,15 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
     from radiance_ar.overlap.runtime import PROCESS
     if chosen:
         _configure_on_tp_group(settings)
+        # Said now, not raised: the sizes are an upper bound of what vLLM will capture
+        # (captured_sizes), and a capture that does meet the refusal raises with its reason.
+        # Under auto each size's choice has its own gate, met at the capture itself.
         rt = PROCESS.current()
-        conflict = capture_conflict(captured_sizes(vllm_config), rt.settings.min_m,
-                                    rt.settings.backend, rt.caller_capture_reason()
-                                    ) if rt.world.device.type == "cuda" else None
-        if conflict is not None:  # the capture would raise later, in the middle of start-up
-            raise ValueError(f"radiance-ar: {conflict}")
+        if rt.world.device.type == "cuda" and rt.auto is None:
+            conflict = capture_conflict(captured_sizes(vllm_config), rt.settings.min_m,
+                                        rt.backend.name, rt.caller_capture_reason())
+            if conflict is not None:
+                logger.warning("radiance-ar: %s", conflict)
     for name, layer, route_ in chosen:
         route(layer, route_, name)
         # numbered in model order, the same on every rank: each call's signature carries

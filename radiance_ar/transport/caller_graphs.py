@@ -28,14 +28,15 @@ and none of this host's code runs around a replay::
   caller's host has already enqueued what reads them.
 
 What the graph holds must stay put: after a caller's capture, a growth of the backend's
-buffers or of the op's scratch pool raises (:func:`radiance_ar.buffers.refuse_growth_in_capture`),
-as growth during a capture does, and closing the backend or the runtime keeps them until the
-process exits (:func:`radiance_ar.buffers.keep_until_exit`). vLLM's profile run at the largest
-batch precedes its captures, so its buffers are grown by then.
+buffers raises (:func:`radiance_ar.buffers.refuse_growth_in_capture`: they are collective),
+a growth of the op's scratch pool keeps the old buffer, and closing the backend or the runtime
+keeps their buffers, until the process exits (:func:`radiance_ar.buffers.keep_until_exit`).
+vLLM's profile run at the largest batch precedes its captures, so its buffers are grown by
+then (under ``auto``, only the buffers of that batch's choice).
 
 What it assumes of the caller: its replays run on the stream its eager forward runs on (or
 after it), one op call in flight per rank (no two micro-batches replayed on two streams at
-once: their tokens would share words), and its layers registered
+once, as vLLM's dual-batch overlap does: their tokens would share words), and its layers registered
 (:meth:`OverlapRuntime.register_layer`; the vLLM installer does), so that two layers of one
 shape post different entry tokens.
 """
