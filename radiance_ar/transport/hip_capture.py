@@ -23,7 +23,9 @@ hip_peer.cpp; not run here), and what follows:
   (:mod:`radiance_ar.transport.hip_ops`); what that costs the GEMM is not measured. Before
   a fix in later clr the kernel ran a batch's operations concurrently, one work-item each,
   so a node holds operations of one kind only (waits, or writes), in stream order: a wait
-  and the reset of its word are two nodes.
+  and the reset of its word are two nodes. Its writes are relaxed stores with no release
+  barrier before them (``hipStreamWriteValue`` has one); the node starts once the nodes
+  before it, the copies of a publish included, have completed.
 - The parameter array is laid out by ctypes (:class:`HipBatchParams`): hip-python 10.0's
   wrapper of the member struct drops its anonymous value union and writes ``flags`` where
   ROCm reads the value (docs/history.md).

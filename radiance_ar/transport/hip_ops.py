@@ -77,8 +77,12 @@ def hip_wait_value(stream: int, addr: int, value: int, *, equal: bool) -> None:
 def hip_batch(stream: int, ops: list[tuple[str, int, int]]) -> None:
     """``ops`` (``("write", addr, value)`` / ``("wait_eq" | "wait_geq", addr, value)``) in
     order, one call each: an eager call's batch (a one-work-item kernel each, the module
-    doc). ``hipStreamBatchMemOp`` (ROCm 6.4+) would be one kernel for all of them; not
-    used until it has run on an AMD GPU. Inside a capture a batch is graph nodes instead
+    doc). Not ``hipStreamBatchMemOp`` (ROCm 6.4+, beta), which would be one kernel for all
+    of them, for what clr's source shows: its argument check rejected every call until a
+    fix of 2026-02 (``operation == Barrier || FlushRemoteWrites``, always true), after
+    ROCm 7.2.0 shipped; before ROCm 10 it ran a batch's operations concurrently, one
+    work-item each; and it writes with no release barrier first, unlike
+    ``hipStreamWriteValue``. Inside a capture a batch is graph nodes instead
     (:func:`radiance_ar.transport.hip_capture.hip_capture_batch`)."""
     for what, addr, value in ops:
         if what == "write":
