@@ -26,13 +26,13 @@ from radiance_ar import overlap
 import producer_inputs
 import timeline
 from radiance_ar.envs import BackendSettings
-from radiance_ar.transport.world import emulated_worlds
+from radiance_ar.transport.world import World, emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
 from radiance_ar.overlap.plan import input_view
 from radiance_ar.overlap.scratch import ScratchPool
-from world_measure import Case, shard, slice_plan, slice_schedule, time_calls
+from world_measure import Case, shard, slice_plan, slice_schedule, time_calls, verify as verify_world
 
 
 def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
@@ -175,3 +175,29 @@ def time_active_rank(record: dict, case: Case, rt: overlap.OverlapRuntime,
     record["uses_cus_while_waiting"] = backend.uses_compute_units_while_waiting
     # what the timed op calls were: replayed graphs, or why each step was enqueued
     record["op_graphs"] = rt.graph_reason() or "replayed"
+
+
+def measure_one_active(world: World, case: Case) -> dict:
+    """Collective, for ranks in processes that share one GPU (gpu-host): verify with every
+    rank active, then time rank 0 alone against passive peers (its peers' buffers and
+    flags are shared host memory it fills; they wait at a barrier meanwhile), as the
+    emulated world times (above): ranks that time-slice one GPU would otherwise time each
+    other. A record (rank 0's timings; every rank's errors and digests)."""
+    rt, serial_rt = active_runtimes(world, case)
+    try:
+        # Every buffer sized and kernel loaded on every rank now: these are collective,
+        # and rank 0 will time alone.
+        for r in (rt, serial_rt):
+            r.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
+        record = verify_world(world, case, rt)[0]
+        record.update(baseline="GEMM then this backend's unsliced AR",
+                      timing="one active rank against passive peers")
+        if record["correct"]:
+            world.memory.barrier()
+            if world.rank == 0:
+                time_active_rank(record, case, rt, serial_rt)
+            world.memory.barrier()
+        return record
+    finally:
+        rt.close()
+        serial_rt.close()

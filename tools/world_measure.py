@@ -179,34 +179,6 @@ def verify(world: World, case: Case, rt: overlap.OverlapRuntime) -> tuple:
     return record, x, w, ops, out
 
 
-def measure_one_active(world: World, case: Case) -> dict:
-    """Collective, for ranks in processes that share one GPU (gpu-host): verify with every
-    rank active, then time rank 0 alone against passive peers (its peers' buffers and
-    flags are shared host memory it fills; they wait at a barrier meanwhile), as the
-    emulated world times (tools/emulated_measure.py): ranks that time-slice one GPU would
-    otherwise time each other. A record (rank 0's timings; every rank's errors and digests)."""
-    from emulated_measure import active_runtimes, time_active_rank
-
-    rt, serial_rt = active_runtimes(world, case)
-    try:
-        # Every buffer sized and kernel loaded on every rank now: these are collective,
-        # and rank 0 will time alone.
-        for r in (rt, serial_rt):
-            r.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
-        record = verify(world, case, rt)[0]
-        record.update(baseline="GEMM then this backend's unsliced AR",
-                      timing="one active rank against passive peers")
-        if record["correct"]:
-            world.memory.barrier()
-            if world.rank == 0:
-                time_active_rank(record, case, rt, serial_rt)
-            world.memory.barrier()
-        return record
-    finally:
-        rt.close()
-        serial_rt.close()
-
-
 def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
              stock: overlap.OverlapRuntime) -> dict:
     record, x, w, ops, out = verify(world, case, rt)

@@ -40,9 +40,10 @@ from radiance_ar import backends
 from radiance_ar.call_contract import CollectiveError, CollectiveMismatchError
 from radiance_ar.overlap import tuning
 from radiance_ar.overlap.config import OverlapSettings
-from radiance_ar.overlap.runtime import OverlapRuntime
 
 if TYPE_CHECKING:
+    from radiance_ar.backends.interface import Backend
+    from radiance_ar.overlap.runtime import OverlapRuntime
     from radiance_ar.transport.world import World
 
 logger = logging.getLogger("radiance_ar")
@@ -221,8 +222,9 @@ class AutoChoices:
                                            plan=c.plan)
             backend = backends.get(c.backend)(self.world, settings.backend_settings)
             backend.tuning_word = self.word
-            self._children[key] = OverlapRuntime(self.world, settings, backend,
-                                                 scratch=parent.scratch, _layers=parent._layers)
+            # the parent's own class: this module builds no runtime of its own kind
+            self._children[key] = type(parent)(self.world, settings, backend,
+                                               scratch=parent.scratch, _layers=parent._layers)
         return self._children[key]
 
     def close(self) -> None:
@@ -236,14 +238,14 @@ def _key(c: tuning.Choice) -> tuple[str, int, str]:
     return (c.backend, c.slices, c.plan)
 
 
-def build_auto(world: "World", settings: OverlapSettings) -> "OverlapRuntime":
-    """Collective: the auto runtime for ``world`` (the table loaded and checked now, so a
-    bad file stops start-up); its backend is the contract backend."""
+def build_auto(world: "World", settings: OverlapSettings) -> tuple["Backend", AutoChoices]:
+    """Collective: what the auto runtime for ``world`` holds (the table loaded and checked
+    now, so a bad file stops start-up): its backend, the contract backend, and its choices
+    (``radiance_ar.overlap.runtime.build`` makes the runtime of them)."""
     table = table_for(settings)
     announce(table, str(world.device) if world.device.type == "cpu"
              else torch.cuda.get_device_name(world.device))
     contract = backends.get(CONTRACT_BACKEND)(world, settings.backend_settings)
-    rt = OverlapRuntime(world, settings, contract)
-    rt.auto = AutoChoices(world, settings, table)
-    contract.tuning_word = rt.auto.word
-    return rt
+    choices = AutoChoices(world, settings, table)
+    contract.tuning_word = choices.word
+    return contract, choices

@@ -216,7 +216,8 @@ def build(world: World, settings: OverlapSettings | None = None) -> OverlapRunti
     settings = from_env() if settings is None else reconcile(settings)
     if settings.backend == AUTO_BACKEND:
         from radiance_ar.overlap.auto import build_auto
-        return build_auto(world, settings)
+        contract, choices = build_auto(world, settings)
+        return OverlapRuntime(world, settings, contract, auto=choices)
     backend = backends.get(settings.backend)(world, settings.backend_settings)
     return OverlapRuntime(world, settings, backend)
 
