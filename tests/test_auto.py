@@ -211,6 +211,34 @@ def test_emulated_ranks_refuse_a_child_not_prepared_before_any_wait_is_enqueued(
     assert choices.runtime_for(parent, 8, 256, "bf16") is parent  # decode: below min_m
 
 
+def test_a_choice_never_built_or_agreed_raises_inside_a_capture(table_file, monkeypatch):
+    """Building a child runtime and the agreement call are collective and load kernels: a
+    capture (vLLM's) cannot hold them. A call inside one raises before it builds or enqueues
+    anything; once both are done eagerly, the same call inside a capture goes through."""
+    from types import SimpleNamespace
+
+    log = []
+    world = SimpleNamespace(size=2, rank=0, emulated=False, device=torch.device("cuda", 0))
+    settings = OverlapSettings(True, "auto", 16, "auto", tuning=table_file)
+    monkeypatch.setattr(auto, "usable_in", lambda w: lambda name: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    choices = auto.AutoChoices(world, settings, tuning.load(table_file))
+    parent = SimpleNamespace(backend=_ParkingBackend(log), settings=settings)
+    built = []
+    monkeypatch.setattr(choices, "_child", lambda p, c: built.append(auto._key(c)) or built[-1])
+    with pytest.raises(RuntimeError, match=r"auto: a call of 64 x 256 \(bf16\) inside CUDA-graph "
+                       "capture chooses sdma S=2 uniform, whose runtime was never built"):
+        choices.runtime_for(parent, 64, 256, "bf16")
+    choices._children[("sdma", 2, "uniform")] = "the child"
+    with pytest.raises(RuntimeError, match="never built or agreed on"):  # built, not agreed
+        choices.runtime_for(parent, 64, 256, "bf16")
+    assert log == [] and built == []
+    choices._agreed = True
+    monkeypatch.setattr(choices, "_child", lambda p, c: choices._children[auto._key(c)])
+    assert choices.runtime_for(parent, 64, 256, "bf16") == "the child"
+    assert choices.runtime_for(parent, 8, 256, "bf16") is parent  # decode: below min_m
+
+
 def test_auto_and_its_knobs_are_settings(table_file):
     s = from_env({"RADIANCE_AR_BACKEND": "auto", "RADIANCE_AR_TUNING": table_file,
                   "RADIANCE_AR_ACCURACY": "quantized"})
