@@ -32,7 +32,8 @@ from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
 from radiance_ar.overlap.plan import input_view
 from radiance_ar.overlap.scratch import ScratchPool
-from world_measure import Case, shard, slice_plan, slice_schedule, time_calls, verify as verify_world
+from world_measure import Case, shard, slice_plan, slice_schedule, time_calls
+from world_measure import verify as verify_world
 
 
 def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:

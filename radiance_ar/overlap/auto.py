@@ -168,8 +168,8 @@ class AutoChoices:
         if ((_key(choice) not in self._children or not self._agreed)
                 and self.world.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             raise RuntimeError(
-                f"RADIANCE_AR_BACKEND=auto: a call of {rows} x {cols} ({producer}) inside CUDA-graph "
-                f"capture chooses {choice.backend} S={choice.slices} {choice.plan}, whose runtime "
+                f"RADIANCE_AR_BACKEND=auto: a call of {rows} x {cols} ({producer}) inside "
+                f"CUDA-graph capture chooses {choice.backend} S={choice.slices} {choice.plan}, whose runtime "
                 "was never built or agreed on: that is collective and loads kernels, which a "
                 "capture cannot hold; run the shape once before capturing (vLLM's warm-up does)")
         if self.world.emulated and _key(choice) not in self._children:
