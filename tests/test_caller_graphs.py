@@ -89,16 +89,16 @@ def test_a_callers_round_opens_with_the_entry_barrier_and_marks_nothing(size):
         assert int(flags.peer(rank).view(torch.int64)[HEADER_WORDS["capturing"]]) == 0
         with signals.call(SIG):
             signals.post("done", signals.epoch, 0)
-    (s0, post), (s1, entry_wait), (s2, done_post), (s3, done_wait) = engine.batches
-    assert s0 == s1 == s2 == s3 == 0  # all on the capturing stream
+    (s0, entry), (s1, done_post), (s2, done_wait) = engine.batches
+    assert s0 == s1 == s2 == 0  # all on the capturing stream
     value = tokens.token_value("entry", 0, SIG)
-    assert post == [("write", inbox.peer(p).data_ptr()
-                     + tokens.word("entry", rank, 0, size) * tokens.WORD_BYTES, value)
-                    for p in peers]
+    theirs = [inbox.peer(p).data_ptr() + tokens.word("entry", rank, 0, size) * tokens.WORD_BYTES
+              for p in peers]
     mine = [inbox.peer(rank).data_ptr() + tokens.word("entry", p, 0, size) * tokens.WORD_BYTES
             for p in peers]
-    assert entry_wait == ([("wait_eq", a, value) for a in mine]
-                          + [("write", a, 0) for a in mine])
+    # the barrier is one batch (one graph node on CUDA): post mine, wait for theirs, reset
+    assert entry == ([("write", a, value) for a in theirs] + [("wait_eq", a, value) for a in mine]
+                     + [("write", a, 0) for a in mine])
     assert [op for op, _, _ in done_post] == ["write"] * (size - 1)
     assert [op for op, _, _ in done_wait] == ["wait_eq"] * (size - 1) + ["write"] * (size - 1)
     assert [(a.kind, a.peer) for a in rnd.awaited] == (

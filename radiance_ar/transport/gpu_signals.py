@@ -114,9 +114,14 @@ class GpuSignals(GpuDiagnosis, Signals):
 
     def post_token(self, kind: str, k: int, sig: CallSignature, stream: int) -> None:
         """Post my token ``kind`` of call ``k`` into every peer's inbox (one batch)."""
-        value = token_value(kind, k, sig)
-        self.engine.batch(stream, [("write", self.inbox.address(peer, kind, self.rank, k), value)
-                                   for peer in range(self.size) if peer != self.rank])
+        self.engine.batch(stream, self._token_posts(kind, k, sig))
+
+    def exchange_tokens(self, peers: list[int], kind: str, k: int, sig: CallSignature,
+                        stream: int) -> None:
+        """:meth:`post_token`, then :meth:`wait_tokens` for the same token of ``peers``, in
+        ONE batch (a barrier: one graph node on CUDA, where a batch runs in order)."""
+        self.engine.batch(stream, self._token_posts(kind, k, sig)
+                          + self._token_waits(peers, kind, [(k, sig)]))
 
     def wait_tokens(self, peers: list[int], kind: str, calls: list[tuple[int, CallSignature]],
                     stream: int) -> None:
@@ -127,6 +132,19 @@ class GpuSignals(GpuDiagnosis, Signals):
         whose batch node may run its operations concurrently: hip_capture.operation_runs).
         No token is posted again before its reset: a peer posts its next one in a later
         replay, which waits for this rank's tokens of this one."""
+        ops = self._token_waits(peers, kind, calls)
+        if ops:
+            self.engine.batch(stream, ops)
+
+    def _token_posts(self, kind: str, k: int, sig: CallSignature) -> list[tuple[str, int, int]]:
+        value = token_value(kind, k, sig)
+        return [("write", self.inbox.address(peer, kind, self.rank, k), value)
+                for peer in range(self.size) if peer != self.rank]
+
+    def _token_waits(self, peers: list[int], kind: str,
+                     calls: list[tuple[int, CallSignature]]) -> list[tuple[str, int, int]]:
+        """Every wait, then every reset, of :meth:`wait_tokens` (passive peers skipped),
+        each wait recorded in the round's ``awaited``."""
         waits, resets = [], []
         for k, sig in calls:
             value = token_value(kind, k, sig)
@@ -138,8 +156,7 @@ class GpuSignals(GpuDiagnosis, Signals):
                 resets.append(("write", addr, 0))
                 self.round.awaited.append(Awaited(word(kind, peer, k, self.size), value, peer,
                                                   kind, k, sig))
-        if waits:
-            self.engine.batch(stream, waits + resets)
+        return waits + resets
 
     def replayed(self, rnd: TokenRound, stream: int) -> None:
         """A graph captured in ``rnd`` was launched on ``stream``: :meth:`check` bounds

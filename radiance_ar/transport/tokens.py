@@ -158,9 +158,8 @@ def capture_round(signals: Any, call_streams: Any, peers: list[int], device: tor
     try:
         with signals.capture_round(end, mark=entry is None) as rnd, call_streams.caller_only():
             stream = current_stream_handle(device)
-            if entry is not None:
-                signals.post_token("entry", 0, entry, stream)
-                signals.wait_tokens(peers, "entry", [(0, entry)], stream)
+            if entry is not None:  # one batch: post mine, wait for and consume theirs
+                signals.exchange_tokens(peers, "entry", 0, entry, stream)
             yield rnd
             consume_done(signals, rnd, peers, sorted(rnd.unconsumed_done), stream)
             # The graph's last node: the replay's end (check). CUDA only: clr captures an
