@@ -217,3 +217,28 @@ def test_a_capture_on_rocm_turns_every_batch_into_nodes_kept_with_the_round(monk
     assert rnd.node_params == [f"params {n}" for n in (1, 3, 4, 6)]  # one list per batch
     assert rnd.end_event is None  # ROCm: the host records a replay's end
     assert transport.engine.batch is hip_batch  # eager calls enqueue again
+
+
+def test_a_callers_entry_barrier_on_rocm_is_three_nodes_in_order(monkeypatch):
+    # One batch on CUDA (post mine, wait for theirs, reset): on ROCm a node holds one kind
+    # of operation, so the barrier is a node of posts, one of waits, one of resets.
+    pytest.importorskip("hip")
+    from radiance_ar.call_contract import CallSignature
+    from radiance_ar.transport.copy_transport import CopyTransport
+    from radiance_ar.transport import tokens
+    from radiance_ar.transport.world import World
+    monkeypatch.setattr(torch.version, "hip", "7.1.25424")
+    nodes = []
+    monkeypatch.setattr(copy_engine, "hip_capture_batch",
+                        lambda stream, ops: nodes.extend(hip_capture.operation_runs(ops)) or [])
+    monkeypatch.setattr(tokens, "current_stream_handle", lambda device: 9)
+    size, rank = 3, 1
+    world = World(rank, size, torch.device("cuda", 0), HostTensorMemory(rank, size))
+    transport = CopyTransport(world, "sdma", 1000.0, reduced=False)
+    sig = CallSignature(2048, 5120, torch.bfloat16, "flags", 2048, 4352, 7)
+    with transport.capture_round(lambda: None, entry=sig):
+        pass
+    value = tokens.token_value("entry", 0, sig)
+    assert [[(what, v) for what, _, v in run] for run in nodes] == [
+        [("write", value)] * 2, [("wait_eq", value)] * 2, [("write", 0)] * 2]
+    assert transport.held  # a caller's graph holds the buffers from now on

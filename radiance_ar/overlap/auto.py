@@ -245,7 +245,7 @@ def build_auto(world: "World", settings: OverlapSettings) -> tuple["Backend", Au
     table = table_for(settings)
     announce(table, str(world.device) if world.device.type == "cpu"
              else torch.cuda.get_device_name(world.device))
+    choices = AutoChoices(world, settings, table)  # first: it may raise, and builds nothing
     contract = backends.get(CONTRACT_BACKEND)(world, settings.backend_settings)
-    choices = AutoChoices(world, settings, table)
     contract.tuning_word = choices.word
     return contract, choices

@@ -69,10 +69,12 @@ def _stamp(w: torch.Tensor, w_scale: torch.Tensor) -> tuple:
 
 
 def forget_plans() -> None:
-    """Drop every cached column plan (after weights were rewritten through ``.data``,
+    """Mark every cached column plan stale (after weights were rewritten through ``.data``,
     which the version counters do not see): each weight is planned again at its next
-    eager call."""
-    _PLANS.clear()
+    eager call, into the old plan's tensors where the shapes allow (dropping them would
+    free what a captured graph of the weight reads)."""
+    for key, (_, plan) in list(_PLANS.items()):
+        _PLANS[key] = (None, plan)
 
 
 def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan:

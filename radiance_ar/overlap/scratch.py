@@ -47,7 +47,7 @@ class ScratchPool:
             grown = grown_size(nbytes, buf.numel() if buf is not None else 0)
             if buf is not None and self.held:  # local to this rank: kept, not refused
                 keep_until_exit(buf, f"scratch buffer {name!r} ({buf.numel()} B) replaced")
-            # Drop the old buffer first so the allocator can reuse its block.
+            # Drop the old buffer first so the allocator can reuse its block (unless kept).
             self._buffers.pop(key, None)
             del buf
             buf = torch.empty(grown, dtype=torch.uint8, device=key[0])

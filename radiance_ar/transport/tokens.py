@@ -136,8 +136,9 @@ class Inbox:
 
 
 # ------------------------------------------------------------------ a capture's steps
-# ``signals`` is a GpuSignals (its ``capture_round`` and ``wait_tokens``), ``call_streams``
-# a CallStreams: the copy transport passes its own (CopyTransport.capture_round, .fence).
+# ``signals`` is a GpuSignals (its ``capture_round``, ``wait_tokens`` and ``exchange_tokens``),
+# ``call_streams`` a CallStreams: the copy transport passes its own
+# (CopyTransport.capture_round, .fence).
 
 @contextlib.contextmanager
 def capture_round(signals: Any, call_streams: Any, peers: list[int], device: torch.device,
