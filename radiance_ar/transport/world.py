@@ -16,6 +16,15 @@ from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+# Imported now, before a caller's init_process_group (which imports this module first):
+# torch.distributed.nn.functional binds ``group.WORLD`` into ten functions' defaults when it
+# is imported, and the op's first call imports it (torch.library -> torch._dynamo). Imported
+# after init, it keeps the default group alive past destroy_process_group, with its gloo
+# worker threads; one that drops a finished work item while the interpreter shuts down needs
+# the GIL and aborts the process ("terminate called without an active exception": from
+# ProcessGroupGloo::runLoop, ~AsyncWork -> decref -> take_gil -> pthread_exit; 2 of about 40
+# runs of the README program beside a CPU load, core file of 2026-12-05).
+import torch.distributed.nn.functional  # noqa: F401
 
 from radiance_ar import envs
 from radiance_ar.transport.peer_memory import (LocalMemory, PeerMemory, PinnedHostGroup,
