@@ -7,7 +7,6 @@ rank's inputs and the float64 reference on their own.
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import torch
@@ -18,8 +17,7 @@ from radiance_ar.envs import BackendSettings
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport.copy_engine import CopyEngine
 from radiance_ar.transport.world import World
-from radiance_ar.transport.signals import _HEADER
-from misuse_jobs import FIRST_CALL_BOUND_MS
+from misuse_jobs import FIRST_CALL_BOUND_MS, watch_rank_0_stop
 from sdma_jobs import digest
 from world_jobs import reference, rel_rms, shard
 
@@ -201,8 +199,4 @@ def caller_graph_stall_job(world: World, backend: str, rows: int, cols: int, k: 
         made.graph.replay()
         torch.cuda.synchronize()  # never returns: the watchdog stops this process
         return {"returned": True}
-    start = time.monotonic()
-    while 0 not in world.memory.dead_peers() and time.monotonic() - start < limit_s + 60:
-        time.sleep(0.05)
-    return {"after_s": time.monotonic() - start, "dead": world.memory.dead_peers(),
-            "abort": made.rt.backend.signals._read(0, _HEADER["abort"])}
+    return watch_rank_0_stop(world, made.rt, limit_s)

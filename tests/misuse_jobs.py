@@ -207,6 +207,13 @@ def unchecked_stall_job(world: World, backend: str, limit_s: float) -> dict:
         overlap.forward(rt, x, w, None, "bf16")
         torch.cuda.synchronize()  # never returns: the watchdog stops this process
         return {"returned": True}
+    return watch_rank_0_stop(world, rt, limit_s)
+
+
+def watch_rank_0_stop(world: World, rt, limit_s: float) -> dict:
+    """On a rank other than 0, while rank 0's watchdog should stop it within ``limit_s``:
+    wait (bounded) for rank 0's process to exit; then how long that took, the dead peers,
+    rank 0's abort word and its job directory (gone after its stop's clean-up)."""
     start = time.monotonic()
     while 0 not in world.memory.dead_peers() and time.monotonic() - start < limit_s + 60:
         time.sleep(0.05)
