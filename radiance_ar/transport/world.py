@@ -22,8 +22,8 @@ import torch.distributed as dist
 # after init, it keeps the default group alive past destroy_process_group, with its gloo
 # worker threads; one that drops a finished work item while the interpreter shuts down needs
 # the GIL and aborts the process ("terminate called without an active exception": from
-# ProcessGroupGloo::runLoop, ~AsyncWork -> decref -> take_gil -> pthread_exit; 2 of about 40
-# runs of the README program beside a CPU load, core file of 2026-12-05).
+# ProcessGroupGloo::runLoop, ~AsyncWork -> decref -> take_gil -> pthread_exit; 2 of 67
+# runs of the README program beside a CPU load, core file of 2026-12-05: docs/history.md).
 import torch.distributed.nn.functional  # noqa: F401
 
 from radiance_ar import envs
