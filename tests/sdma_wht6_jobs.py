@@ -111,6 +111,51 @@ def op_job(world: World, rows: int, cols: int, k: int, slices: int, seed: int,
     return {"out": out, "rel_rms": rel_rms(out, exact), "bound": rt.backend.rel_rms_bound}
 
 
+def staged_op_job(world: World, calls: int, cols: int, k: int, slices: int, seed: int,
+                  schedule: str) -> dict:
+    """``calls`` op calls of varying M (per-rank delays between them) on a runtime whose
+    transport stages its publishes as the host-memory worlds do (forced: CPU worlds
+    publish in place), so each slice is encoded ahead into the stage at its own rows;
+    and the same calls on a runtime that encodes inside the all-reduce. Per call: both
+    outputs, and how many slices were encoded ahead."""
+    knobs = BackendSettings(sdma_schedule=schedule)
+    runtimes = [overlap.build(world, OverlapSettings(True, "sdma_wht6", 1, slices, knobs))
+                for _ in range(2)]
+    staged = runtimes[0].backend
+    staged.transport.buffers.staged = True  # before the first growth allocates the stage
+    encoded_ahead = []
+    encode_ahead = staged.encode_ahead
+
+    def spy(y: torch.Tensor, row0: int):
+        done = encode_ahead(y, row0)
+        if done is not None:
+            encoded_ahead.append(row0)
+        return done
+
+    staged.encode_ahead = spy
+    plan = random.Random(seed)  # the same M and sleeps on every rank's plan
+    jitter = random.Random(seed * 31 + world.rank)
+    results = []
+    for call in range(calls):
+        rows = plan.randint(slices, 48)
+        g = torch.Generator().manual_seed(seed * 1000 + call * 10 + world.rank)
+        x = torch.randn(rows, k, generator=g).to(DT)
+        w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
+        encoded_ahead.clear()
+        outs = []
+        for rt in runtimes:
+            if jitter.random() < 0.3:
+                time.sleep(jitter.uniform(0, 0.002))
+            outs.append(overlap.forward(rt, x, w, None, "bf16"))
+        exact = x.double() @ w.double().t()
+        dist.all_reduce(exact, group=world.group)
+        results.append({"ahead": outs[0], "in_call": outs[1], "rows_ahead": list(encoded_ahead),
+                        "rel_rms": rel_rms(outs[0], exact), "bound": staged.rel_rms_bound})
+    for rt in runtimes:
+        rt.close()
+    return results
+
+
 def _outcome(be: SdmaWht6Backend, world: World, seed: int, rows: int, cols: int) -> dict:
     """One two-shot call: {"error": type, "message"} or {"out", "right"} (the codec result)."""
     xs = [make_input(seed, 0, r, rows, cols) for r in range(world.size)]

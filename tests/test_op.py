@@ -216,6 +216,55 @@ def test_reduce_slices_calls_each_slice_in_one_overlapped_block_between_its_hook
     assert torch.equal(out, y * 2)
 
 
+def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_returned():
+    """radiance_ar.overlap.pipeline.run_sliced: a backend's ``encode_ahead`` runs on the
+    GEMM's lane right after each GEMM slice, before the slice is marked done; each
+    slice's AR then gets what it returned (``all_reduce_ahead``), or ``all_reduce``
+    where it returned None."""
+    import contextlib
+
+    from radiance_ar.overlap.lanes import Lanes
+    from radiance_ar.overlap.pipeline import run_sliced
+
+    log = []
+
+    class Lanes_(Lanes):
+        def mark_side(self, slot):
+            log.append(("mark", slot))
+
+    class Producer:
+        def launch(self, prepared, a, b, y, stream):
+            log.append(("gemm", a))
+            y.copy_(prepared[a:b])
+
+    class Backend:
+        @contextlib.contextmanager
+        def overlapped_calls(self):
+            yield
+
+        def encode_ahead(self, y, row0):
+            log.append(("ahead", row0))
+            return None if row0 == 1 else ("token", row0, y.data_ptr())
+
+        def all_reduce(self, y, out):
+            log.append(("ar", y.data_ptr()))
+            out.copy_(y * 2)
+
+        def all_reduce_ahead(self, y, out, ahead):
+            log.append(("ar ahead", ahead))
+            out.copy_(y * 3)
+
+    x, y = torch.arange(10.0).reshape(5, 2), torch.empty(5, 2)
+    out = torch.full((5, 2), float("nan"))
+    run_sliced(x, Producer(), Backend(), y, out, [0, 1, 3, 5], Lanes_(torch.device("cpu")))
+    row = y.stride(0) * y.element_size()
+    assert log == [("gemm", 0), ("ahead", 0), ("mark", 0), ("gemm", 1), ("ahead", 1),
+                   ("mark", 1), ("gemm", 3), ("ahead", 3), ("mark", 2),
+                   ("ar ahead", ("token", 0, y.data_ptr())), ("ar", y.data_ptr() + row),
+                   ("ar ahead", ("token", 3, y.data_ptr() + 3 * row))]
+    assert torch.equal(out, torch.cat([x[:1] * 3, x[1:3] * 2, x[3:] * 3]))
+
+
 def test_a_sliced_call_is_planned_once_and_a_new_layer_replans_it():
     rt = overlap.build(single_world("cpu"), OverlapSettings(True, "sdma", 8, 4))
     keys = []

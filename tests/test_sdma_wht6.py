@@ -77,6 +77,23 @@ def test_through_the_op(cpu_world, size, schedule):
         assert torch.equal(r["out"], results[0]["out"])
 
 
+@pytest.mark.parametrize("size,schedule", [(2, "oneshot"), (3, "twoshot")])
+def test_slices_encoded_ahead_into_the_stage_give_the_same_bits(cpu_world, size, schedule):
+    """Host-memory worlds encode each GEMM slice on the GEMM's stream into the stage at
+    the slice's rows (``encode_ahead``); the CPU world is forced to stage its publishes
+    so that path runs here with real processes: every call (varying M, skewed ranks)
+    must give the bits of the same call encoded inside the all-reduce, on every rank."""
+    results = cpu_world(size).run(jobs.staged_op_job, 12, 256, 32, 4, 5, schedule)
+    for rank in results:
+        for call, r in enumerate(rank):
+            starts = r["rows_ahead"]  # every slice's first row, each slice once
+            assert len(starts) == 4 and starts[0] == 0, (call, starts)
+            assert starts == sorted(set(starts)) and starts[-1] < r["ahead"].shape[0]
+            assert torch.equal(r["ahead"], r["in_call"]), call
+            assert torch.equal(r["ahead"], results[0][call]["ahead"]), call
+            assert r["rel_rms"] <= r["bound"], (call, r["rel_rms"])
+
+
 @pytest.mark.parametrize("fault", ["raise", "stall"])
 def test_a_rank_failing_between_the_two_phases_raises_on_every_rank(cpu_world, fault):
     res = cpu_world(3).run(jobs.reduced_phase_fault_job, fault, BOUND_MS)

@@ -171,6 +171,22 @@ class Backend(abc.ABC):
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
         """Collective. ``out[...] = sum over ranks of slice_in`` on the current stream."""
 
+    def encode_ahead(self, slice_in: torch.Tensor, row0: int) -> object | None:
+        """The op, on the GEMM's stream right after GEMM slice ``slice_in`` (rows
+        ``row0:row0 + len(slice_in)`` of the call): the first step of its all-reduce where
+        that step reads only this rank's slice and writes only this rank's private memory,
+        so no fence orders it; returns what :meth:`all_reduce_ahead` takes, or ``None``
+        (nothing is done ahead: the op calls :meth:`all_reduce`). Why: a step the
+        all-reduce's stream enqueues after the GEMM slice waits for the next GEMM slice's
+        SMs (a persistent GEMM frees none until it ends)."""
+        return None
+
+    def all_reduce_ahead(self, slice_in: torch.Tensor, out: torch.Tensor,
+                         ahead: object) -> None:
+        """Collective. :meth:`all_reduce` of ``slice_in`` whose first step
+        :meth:`encode_ahead` did (``ahead``: what it returned)."""
+        raise TypeError(f"backend {self.name!r} does nothing ahead of its all-reduce")
+
     @abc.abstractmethod
     def wire_bytes(self, numel: int, world_size: int, elem_size: int = 2) -> int:
         """Bytes this rank sends per call of ``numel`` values of ``elem_size`` bytes."""

@@ -2,9 +2,10 @@
 
 The byte savings of the 6.25-bit codec (:mod:`radiance_ar.wht6`) with a wait that costs no
 compute units on NVIDIA (one work-item per wait on ROCm: :mod:`radiance_ar.transport.hip_ops`):
-encode this rank's slice on the CUs into its peer-visible buffer, let the copy engines pull
-peers' payloads (stream wait-value on the peer's flag, then a copy: no kernel spins on
-NVIDIA; :mod:`radiance_ar.transport.copy_transport`), decode on the CUs. Every rank decodes the
+encode this rank's slice on the CUs into its peer-visible buffer (where that is host memory:
+into its device stage, in the op on the GEMM's stream: :meth:`encode_ahead`), let the copy
+engines pull peers' payloads (stream wait-value on the peer's flag, then a copy: no kernel
+spins on NVIDIA; :mod:`radiance_ar.transport.copy_transport`), decode on the CUs. Every rank decodes the
 same payloads in the same order, so every rank holds identical bits. In plain torch,
 with ``q = lambda x: decode(encode(x))`` and ``dq_sum`` the codec's decode-accumulate
 of the W encoded slices in rank order (fp32, one inverse rotation, rounded once)::
@@ -20,6 +21,13 @@ One-shot, rank r, epoch t: every peer's whole payload::
     stream r : fence | encode(slice) -> pub_r (host buffers: -> stage, D2H -> pub_r)
                | ready_r = t | for p: wait ready_p == t, pull pub_p -> recv_p
                | done_r = t | decode_accumulate(pub_r, recv_p.. in rank order) -> out
+
+Host buffers, in the op: the encode runs on the GEMM's stream right after GEMM slice s,
+into rows ``b_s:b_s+1`` of the stage (which holds the whole call; no peer reads it, so no
+fence orders it), and the call begins with the fenced D2H publish of those rows. On the
+all-reduce's stream it would wait for GEMM slice s+1, a persistent kernel holding every SM
+until it ends: at W = 2, S = 4, M = 8192 the op ran 1.187 ms that way, 1.042 ms with the
+encode ahead (H200, tools/results/2026-12-05-h200-encode-ahead/).
 
 Two-shot, rank r, epoch t; payload rows are cut into W shards (``row_shards``; payload
 row i encodes output row i only, so a shard is a payload of its own)::
@@ -75,6 +83,7 @@ from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.backends.registry import register
 from radiance_ar.backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_schedule_wht6,
     row_shards, wht6_twoshot_wire_bytes)
+from radiance_ar.streams import current_stream_handle
 from radiance_ar.transport.trace import traced
 from radiance_ar.backends.transport_backend import TransportBackend
 from radiance_ar.transport.world import World
@@ -98,11 +107,13 @@ class SdmaWht6Backend(TransportBackend):
 
     @classmethod
     def preferred_slices_for(cls, world_size: int) -> int:
-        # The H200 tune of replayed op calls (tools/results/2026-12-04-h200-tune/, emulated
-        # ranks, N = 5120 and 8192, M = 2048-16384): S = 2 is fastest at 19 of 20 shapes,
-        # at W = 2 (one-shot) 1.075 ms against 1.188 (S = 4) and 1.276 (S = 1) at M = 8192,
-        # N = 5120, and at W = 4 (two-shot per slice) 1.467 against 1.692 and 1.628. W = 3
-        # (not measured) takes the same.
+        # Replayed op calls on an H200, emulated ranks, N = 5120, with encode-ahead
+        # (tools/results/2026-12-05-h200-encode-ahead/, M = 2048-16384): at W = 2 S = 4 is
+        # 2-2.5% faster than S = 2 at M = 8192 and 16384 (1.039 against 1.066 ms) and S = 2
+        # 1-8% faster at 2048 and 4096; at W = 4 (two-shot per slice) S = 2 is fastest at
+        # every M (1.458 against 1.542 ms for S = 4 at 8192). S = 2 is within 3% of the best
+        # everywhere; the earlier tune (../2026-12-04-h200-tune/, before encode-ahead) chose
+        # it at 19 of 20 shapes. W = 3 (not measured) takes the same.
         return 2 if world_size >= 2 else cls.preferred_slices
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
@@ -183,6 +194,36 @@ class SdmaWht6Backend(TransportBackend):
         torch.cuda.synchronize(self.world.device)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        self._all_reduce(slice_in, out, None)
+
+    def encode_ahead(self, slice_in: torch.Tensor, row0: int) -> torch.Tensor | None:
+        """Where the buffers are host memory (gpu-emulated, gpu-host), encode the slice
+        into the device stage at its own rows of the call (row ``row0`` on: the stage
+        holds the whole call, ``ensure_capacity(M, ...)``), which no peer reads, so no
+        fence orders it; the all-reduce's publish copies it D2H after the fence. Where
+        ``pub`` is this rank's memory the encode writes what peers read, after the fence
+        (``None``: done in :meth:`all_reduce`)."""
+        tr = self.transport
+        if self.world.size == 1 or not tr.buffers.staged:
+            return None
+        check_slice(slice_in, slice_in)
+        rows, row_bytes = wht6.payload_shape(*slice_in.shape)
+        start = row0 * row_bytes
+        tr.check_fits(start + rows * row_bytes)
+        encoded = tr.buffers.source("pub")[start:start + rows * row_bytes].view(rows, row_bytes)
+        with traced(tr.trace, current_stream_handle(slice_in.device), "encode"):
+            wht6.encode(slice_in, out=encoded)
+        return encoded
+
+    def all_reduce_ahead(self, slice_in: torch.Tensor, out: torch.Tensor,
+                         ahead: torch.Tensor) -> None:
+        assert ahead.shape == wht6.payload_shape(*slice_in.shape), (ahead.shape, slice_in.shape)
+        self._all_reduce(slice_in, out, ahead)
+
+    def _all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor,
+                    encoded: torch.Tensor | None) -> None:
+        """:meth:`all_reduce`; ``encoded``: this rank's payload, already encoded into the
+        stage (:meth:`encode_ahead`), else ``None``."""
         check_slice(slice_in, out)
         rows, cols = slice_in.shape
         if self.world.size == 1:
@@ -192,7 +233,7 @@ class SdmaWht6Backend(TransportBackend):
         shape = wht6.payload_shape(rows, cols)
         nbytes = tr.check_fits(shape[0] * shape[1])
         with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
-            encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream)
+            encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream, encoded)
             if self.schedule_for(nbytes) == "oneshot":
                 pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")
                 payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
@@ -216,15 +257,17 @@ class SdmaWht6Backend(TransportBackend):
     # ------------------------------------------------------------------ internals
 
     def _encode_and_publish(self, t: int, slice_in: torch.Tensor, shape: tuple, nbytes: int,
-                            stream: int) -> torch.Tensor:
-        """Encode ``slice_in`` into this rank's payload (fenced) and publish it as call
-        ``t``'s ``ready``; returns the local payload."""
+                            stream: int, encoded: torch.Tensor | None) -> torch.Tensor:
+        """Encode ``slice_in`` into this rank's payload (fenced) unless ``encoded`` holds
+        it already (:meth:`encode_ahead`), and publish it as call ``t``'s ``ready``;
+        returns the local payload."""
         tr = self.transport
-        if not tr.buffers.staged:  # the encode below writes the peer-visible buffer itself
-            tr.fence(0, nbytes, stream)
-        encoded = tr.buffers.source("pub")[:nbytes].view(shape)
-        with traced(tr.trace, stream, "encode"):
-            wht6.encode(slice_in, out=encoded)
+        if encoded is None:
+            if not tr.buffers.staged:  # the encode below writes the peer-visible buffer itself
+                tr.fence(0, nbytes, stream)
+            encoded = tr.buffers.source("pub")[:nbytes].view(shape)
+            with traced(tr.trace, stream, "encode"):
+                wht6.encode(slice_in, out=encoded)
         if tr.buffers.staged:  # the D2H publish, fenced (on the publish lane where there is one)
             tr.publish(t, "ready", 0, encoded.data_ptr(), nbytes, stream, fence=(0, nbytes))
         else:

@@ -12,6 +12,9 @@ persistent buffers cross streams)::
 
 - ``side`` first waits for main (x is prepared; the previous call's ARs, which read
   ``y``, are done), then runs every GEMM slice into ``y`` and marks event ``g_s``.
+- A backend may do the first step of slice s's AR on ``side`` too, right after GEMM s
+  (``Backend.encode_ahead``: sdma_wht6's encode where its buffers are host memory): a
+  kernel ``main`` enqueued there would wait for GEMM s+1's SMs instead.
 - ``main`` waits for ``g_s`` and runs the backend's AR of rows ``b_s:b_s+1`` into ``out``,
   every AR inside ``backend.overlapped_calls()``: a backend may start AR s+1 before AR s
   has ended (sdma's two call streams), and ``main`` is ordered after all of them when the
@@ -69,6 +72,7 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
     ``hooks`` around each slice's GEMM and AR (:class:`SliceHooks`)."""
     assert y.shape == out.shape and bounds[0] == 0 and bounds[-1] == out.shape[0]
     slices = len(bounds) - 1
+    ahead: list[object | None] = []
     lanes.side_waits_for_caller()
     with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
         for s in range(slices):
@@ -76,33 +80,41 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
             if hooks is not None:
                 hooks.gemm_before(s)
             producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
+            ahead.append(backend.encode_ahead(y[a:b], a))
             if hooks is not None:
                 hooks.gemm_after(s)
             lanes.mark_side(s)
     if hooks is None:
-        reduce_slices(backend, y, out, bounds, before=lanes.caller_waits)
+        reduce_slices(backend, y, out, bounds, before=lanes.caller_waits, ahead=ahead)
         return
 
     def before(s: int) -> None:
         lanes.caller_waits(s)
         hooks.ar_before(s)
 
-    reduce_slices(backend, y, out, bounds, before, hooks.ar_after)
+    reduce_slices(backend, y, out, bounds, before, hooks.ar_after, ahead)
 
 
 def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: Sequence[int],
                   before: Callable[[int], None] | None = None,
-                  after: Callable[[int], None] | None = None) -> None:
+                  after: Callable[[int], None] | None = None,
+                  ahead: Sequence[object | None] | None = None) -> None:
     """``out[b_s:b_s+1] = sum over ranks of y[b_s:b_s+1]`` for every slice s, one
     ``all_reduce`` each, as the op calls them: inside ``backend.overlapped_calls()``, so
     slice s+1's AR may start before slice s's ends and the current stream is ordered
     after all of them on return. ``before(s)`` / ``after(s)`` run around slice s's call
-    (the op: the wait for GEMM s, then its ``SliceHooks.ar_before`` / ``ar_after``)."""
+    (the op: the wait for GEMM s, then its ``SliceHooks.ar_before`` / ``ar_after``);
+    ``ahead[s]``: what ``backend.encode_ahead`` did for slice s (``all_reduce_ahead``
+    then finishes it), ``None`` for none."""
     with backend.overlapped_calls():
         for s in range(len(bounds) - 1):
             a, b = bounds[s], bounds[s + 1]
             if before is not None:
                 before(s)
-            backend.all_reduce(y[a:b], out[a:b])
+            done_ahead = ahead[s] if ahead is not None else None
+            if done_ahead is None:
+                backend.all_reduce(y[a:b], out[a:b])
+            else:
+                backend.all_reduce_ahead(y[a:b], out[a:b], done_ahead)
             if after is not None:
                 after(s)
