@@ -215,9 +215,9 @@ KNOBS: dict[str, Knob] = {
              "step of every slice is enqueued from Python; `auto`: on, except for emulated "
              "ranks with active peers (one process: a capture can block while a peer waits "
              "on this rank) and on ROCm (written, never run on an AMD GPU: `on` turns it on "
-             "from ROCm 6.4, outside host-memory worlds). `on` also lets sdma and sdma_wht6 "
-             "run inside a caller's CUDA graph (vLLM's) where the watchdog runs (written, "
-             "not yet run on a GPU: docs/design.md 3.6)",
+             "from ROCm 6.4, outside host-memory worlds). Where the op's calls are replayed, "
+             "sdma and sdma_wht6 also run inside a caller's CUDA graph (vLLM's) where the "
+             "watchdog runs (docs/design.md 3.6); `off` refuses that too",
              words=OP_GRAPHS),
         Knob("RADIANCE_AR_OP_GRAPHS_MAX", int, 256,
              "captured op calls kept per process (least recently used dropped first): one "
@@ -253,14 +253,14 @@ KNOBS: dict[str, Knob] = {
              "pulls overlap the previous call's reduce and waits "
              "(`radiance_ar/transport/call_streams.py`)",
              lo=1, hi=MAX_CALL_STREAMS, field="sdma_call_streams"),
-        Knob("RADIANCE_AR_WATCHDOG_S", float, 0.0,
+        Knob("RADIANCE_AR_WATCHDOG_S", float, 600.0,
              "seconds a GPU rank's newest collective call may stay unfinished while its host "
              "enqueues nothing more, before the process stops (SIGABRT after logging who is "
              "missing, `radiance_ar/transport/watchdog.py`): a missing peer ends the job "
              "instead of leaving GPUs waiting for good (inside vLLM nothing else bounds a "
              "wait); also an op call inside a caller's CUDA graph whose counts stop moving. "
-             "Where each rank is a process on a GPU (gpu-host, gpu-symm); `0` (off, "
-             "the default until it has run on a GPU) or at least 10; 600 is NCCL's limit",
+             "Where each rank is a process on a GPU (gpu-host, gpu-symm); `0` (off) or at "
+             "least 10; the default 600 is NCCL's limit",
              lo=0.0, hi=WATCHDOG_S_MAX, field="watchdog_s"),
     )
 }

@@ -36,18 +36,19 @@ SIG = CallSignature(2048, 5120, torch.bfloat16, "flags", 2048, 4352, 17)
 CPU = torch.device("cpu")
 
 
-def test_the_gate_needs_replayable_calls_then_the_watchdog_then_on():
-    assert caller_capture_reason("on", None, None) is None
-    assert caller_capture_reason("on", "one rank: the op's all-reduce is a copy", None) == (
-        "its calls cannot be captured here: one rank: the op's all-reduce is a copy")
-    why = caller_capture_reason("on", None, "RADIANCE_AR_WATCHDOG_S=0 (off)")
-    assert why.startswith("a caller's replay runs none of this host's code, so only the "
-                          "watchdog bounds its waits on peers")
-    assert why.endswith("RADIANCE_AR_WATCHDOG_S=0 (off)")
-    for graphs in ("auto", "off"):  # never run on a GPU: asked for by name only
-        assert caller_capture_reason(graphs, None, None) == (
-            "the sliced path inside a caller's graph has not yet run on a GPU; "
-            "RADIANCE_AR_OP_GRAPHS=on allows it")
+def test_the_gate_needs_graphs_not_off_then_replayable_calls_then_the_watchdog():
+    for graphs in ("on", "auto"):
+        assert caller_capture_reason(graphs, None, None) is None
+        assert caller_capture_reason(graphs, "one rank: the op's all-reduce is a copy",
+                                     None) == (
+            "its calls cannot be captured here: one rank: the op's all-reduce is a copy")
+        why = caller_capture_reason(graphs, None, "RADIANCE_AR_WATCHDOG_S=0 (off)")
+        assert why.startswith("a caller's replay runs none of this host's code, so only the "
+                              "watchdog bounds its waits on peers")
+        assert why.endswith("RADIANCE_AR_WATCHDOG_S=0 (off)")
+    for replay, watchdog in ((None, None), ("any", None), (None, "any")):
+        assert caller_capture_reason("off", replay, watchdog) == (
+            "RADIANCE_AR_OP_GRAPHS=off: no op call is captured")
 
 
 class Runtime(SimpleNamespace):

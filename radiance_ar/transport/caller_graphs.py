@@ -57,17 +57,18 @@ WORDS = 3
 def caller_capture_reason(graphs: str, replay_reason: str | None,
                           watchdog_reason: str | None) -> str | None:
     """None if a copy-transport backend's sliced path may run inside a caller's CUDA-graph
-    capture, else why not (a pure gate). ``graphs``: RADIANCE_AR_OP_GRAPHS; the op's own
-    replays must be possible here (``replay_reason``: the backend's, forced) and the
-    watchdog must run (``watchdog_reason``: None where it does)."""
+    capture, else why not (a pure gate). ``graphs``: RADIANCE_AR_OP_GRAPHS (not ``off``);
+    the op's own replays must be possible here (``replay_reason``: the backend's, forced
+    where ``graphs`` is ``on``) and the watchdog must run (``watchdog_reason``: None where
+    it does). Its GPU test (tests/test_caller_capture_gpu.py) passed on an H200 on
+    2026-12-05."""
+    if graphs == "off":
+        return "RADIANCE_AR_OP_GRAPHS=off: no op call is captured"
     if replay_reason is not None:
         return f"its calls cannot be captured here: {replay_reason}"
     if watchdog_reason is not None:
         return ("a caller's replay runs none of this host's code, so only the watchdog "
                 f"bounds its waits on peers, and it does not run: {watchdog_reason}")
-    if graphs != "on":
-        return ("the sliced path inside a caller's graph has not yet run on a GPU; "
-                "RADIANCE_AR_OP_GRAPHS=on allows it")
     return None
 
 

@@ -29,8 +29,8 @@ when the host stops enqueuing: a host runs a forward ahead of its GPU, and a lon
 is not a stall. ``check()`` pauses the clock (it bounds the call itself). A rank's first
 call compiles kernels for seconds (1.0-6.1 s of host in the gpu-host world:
 tools/results/2026-12-04-h200-sweep-and-soak/), and start-up (compilation, autotuning) can
-take minutes, which a limit must exceed: 600 s is NCCL's. Off by default until it has run on
-a GPU (tests/test_host_world_gpu.py holds its test).
+take minutes, which a limit must exceed: 600 s, NCCL's, is the default (its GPU test,
+tests/test_host_world_gpu.py, passed on an H200 on 2026-12-05).
 
 The thread sets its device first (a new thread's current device is 0: a first CUDA call
 there would make a context on GPU 0 in every rank) and relaxes its stream-capture mode:
