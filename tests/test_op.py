@@ -219,8 +219,8 @@ def test_reduce_slices_calls_each_slice_in_one_overlapped_block_between_its_hook
 def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_returned():
     """radiance_ar.overlap.pipeline.run_sliced: a backend's ``encode_ahead`` runs on the
     GEMM's lane right after each GEMM slice, before the slice is marked done; each
-    slice's AR then gets what it returned and the slice's event (``all_reduce_ahead``;
-    None on the CPU), or ``all_reduce`` where it returned None."""
+    slice's AR then gets what it returned (``all_reduce_ahead``), or ``all_reduce``
+    where it returned None."""
     import contextlib
 
     from radiance_ar.overlap.lanes import Lanes
@@ -250,8 +250,8 @@ def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_r
             log.append(("ar", y.data_ptr()))
             out.copy_(y * 2)
 
-        def all_reduce_ahead(self, y, out, ahead, ready):
-            log.append(("ar ahead", ahead, ready))
+        def all_reduce_ahead(self, y, out, ahead):
+            log.append(("ar ahead", ahead))
             out.copy_(y * 3)
 
     x, y = torch.arange(10.0).reshape(5, 2), torch.empty(5, 2)
@@ -260,8 +260,8 @@ def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_r
     row = y.stride(0) * y.element_size()
     assert log == [("gemm", 0), ("ahead", 0), ("mark", 0), ("gemm", 1), ("ahead", 1),
                    ("mark", 1), ("gemm", 3), ("ahead", 3), ("mark", 2),
-                   ("ar ahead", ("token", 0, y.data_ptr()), None), ("ar", y.data_ptr() + row),
-                   ("ar ahead", ("token", 3, y.data_ptr() + 3 * row), None)]
+                   ("ar ahead", ("token", 0, y.data_ptr())), ("ar", y.data_ptr() + row),
+                   ("ar ahead", ("token", 3, y.data_ptr() + 3 * row))]
     assert torch.equal(out, torch.cat([x[:1] * 3, x[1:3] * 2, x[3:] * 3]))
 
 

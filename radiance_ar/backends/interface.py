@@ -181,13 +181,10 @@ class Backend(abc.ABC):
         SMs (a persistent GEMM frees none until it ends)."""
         return None
 
-    def all_reduce_ahead(self, slice_in: torch.Tensor, out: torch.Tensor, ahead: object,
-                         ready: "torch.cuda.Event | None") -> None:
+    def all_reduce_ahead(self, slice_in: torch.Tensor, out: torch.Tensor,
+                         ahead: object) -> None:
         """Collective. :meth:`all_reduce` of ``slice_in`` whose first step
-        :meth:`encode_ahead` did (``ahead``: what it returned). ``ready``: an event recorded
-        after that step on its stream (the op's ``g_s``; None on the CPU): work that reads
-        only what :meth:`encode_ahead` wrote may wait for it alone, not for the calling
-        stream's earlier work (the previous slices' decodes)."""
+        :meth:`encode_ahead` did (``ahead``: what it returned)."""
         raise TypeError(f"backend {self.name!r} does nothing ahead of its all-reduce")
 
     @abc.abstractmethod

@@ -24,12 +24,10 @@ One-shot, rank r, epoch t: every peer's whole payload::
 
 Host buffers, in the op: the encode runs on the GEMM's stream right after GEMM slice s,
 into rows ``b_s:b_s+1`` of the stage (which holds the whole call; no peer reads it, so no
-fence orders it), and the call publishes those rows D2H to the same rows of ``pub``, fenced,
-on the publish lane after the encode's event alone (``ready``): not after the previous
-slice's decode on the call's stream, so the lane's publishes run back to back. On the
-all-reduce's stream the encode would wait for GEMM slice s+1, a persistent kernel holding
-every SM until it ends: at W = 2, S = 4, M = 8192 the op ran 1.187 ms that way, 1.042 ms
-with the encode ahead (H200, tools/results/2026-12-05-h200-encode-ahead/).
+fence orders it), and the call begins with the fenced D2H publish of those rows. On the
+all-reduce's stream it would wait for GEMM slice s+1, a persistent kernel holding every SM
+until it ends: at W = 2, S = 4, M = 8192 the op ran 1.187 ms that way, 1.042 ms with the
+encode ahead (H200, tools/results/2026-12-05-h200-encode-ahead/).
 
 Two-shot, rank r, epoch t; payload rows are cut into W shards (``row_shards``; payload
 row i encodes output row i only, so a shard is a payload of its own)::
@@ -48,9 +46,8 @@ the call (3 + 1 codec launches whatever W; decoding shard by shard would take 3 
 the op each launch is host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
 take this rank's pulls. Rank r decodes its own re-encoded shard too, so out =
 decode(encode(sum)) holds the same bits on every rank. ``red`` is written after the
-call's fence of ``pub``: a call's bytes sit at one offset of ``pub`` and ``red`` (0, or
-in the op the slice's rows where it was encoded ahead), so the fence of its ``pub`` bytes
-orders it after every peer's last pull, of either buffer, of an earlier call on them.
+call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence orders
+each call after every peer's last pull, of either buffer, of the call before).
 
 wire_bytes: one-shot (W-1) x payload bytes = (W-1) x numel x 25/32 (39% of sdma
 one-shot's); two-shot, per rank, (W-1) x its shard + the W-1 other shards, about
@@ -197,14 +194,13 @@ class SdmaWht6Backend(TransportBackend):
         torch.cuda.synchronize(self.world.device)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
-        self._all_reduce(slice_in, out)
+        self._all_reduce(slice_in, out, None)
 
     def encode_ahead(self, slice_in: torch.Tensor, row0: int) -> torch.Tensor | None:
         """Where the buffers are host memory (gpu-emulated, gpu-host), encode the slice
         into the device stage at its own rows of the call (row ``row0`` on: the stage
         holds the whole call, ``ensure_capacity(M, ...)``), which no peer reads, so no
-        fence orders it; the all-reduce publishes it D2H at the same rows of ``pub``
-        after the fence of those bytes (the slices of a call touch disjoint bytes). Where
+        fence orders it; the all-reduce's publish copies it D2H after the fence. Where
         ``pub`` is this rank's memory the encode writes what peers read, after the fence
         (``None``: done in :meth:`all_reduce`)."""
         tr = self.transport
@@ -219,17 +215,15 @@ class SdmaWht6Backend(TransportBackend):
             wht6.encode(slice_in, out=encoded)
         return encoded
 
-    def all_reduce_ahead(self, slice_in: torch.Tensor, out: torch.Tensor, ahead: torch.Tensor,
-                         ready: torch.cuda.Event | None) -> None:
+    def all_reduce_ahead(self, slice_in: torch.Tensor, out: torch.Tensor,
+                         ahead: torch.Tensor) -> None:
         assert ahead.shape == wht6.payload_shape(*slice_in.shape), (ahead.shape, slice_in.shape)
-        self._all_reduce(slice_in, out, ahead, ready)
+        self._all_reduce(slice_in, out, ahead)
 
     def _all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor,
-                    encoded: torch.Tensor | None = None,
-                    ready: torch.cuda.Event | None = None) -> None:
+                    encoded: torch.Tensor | None) -> None:
         """:meth:`all_reduce`; ``encoded``: this rank's payload, already encoded into the
-        stage (:meth:`encode_ahead`), whose offset there is the call's offset in every
-        buffer; ``ready``: the event after that encode, which the publish waits for."""
+        stage (:meth:`encode_ahead`), else ``None``."""
         check_slice(slice_in, out)
         rows, cols = slice_in.shape
         if self.world.size == 1:
@@ -237,20 +231,18 @@ class SdmaWht6Backend(TransportBackend):
             return
         tr = self.transport
         shape = wht6.payload_shape(rows, cols)
-        nbytes = shape[0] * shape[1]
-        off = 0 if encoded is None else encoded.data_ptr() - tr.buffers.source("pub").data_ptr()
-        tr.check_fits(off + nbytes)
+        nbytes = tr.check_fits(shape[0] * shape[1])
         with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
-            encoded = self._encode_and_publish(t, slice_in, shape, off, stream, encoded, ready)
+            encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream, encoded)
             if self.schedule_for(nbytes) == "oneshot":
-                pulled = tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
+                pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")
                 payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
                             for q in range(self.world.size)]
                 with traced(tr.trace, stream, "decode_accumulate"):
                     wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
             else:
-                self._twoshot(t, off, encoded, out, stream)
-            tr.finish(t, off, nbytes, stream)
+                self._twoshot(t, encoded, out, stream)
+            tr.finish(t, 0, nbytes, stream)
 
     def fill_passive_peers(self) -> None:
         """Timing mode (see :meth:`radiance_ar.backends.sdma.SdmaBackend.fill_passive_peers`): every
@@ -264,31 +256,26 @@ class SdmaWht6Backend(TransportBackend):
 
     # ------------------------------------------------------------------ internals
 
-    def _encode_and_publish(self, t: int, slice_in: torch.Tensor, shape: tuple, off: int,
-                            stream: int, encoded: torch.Tensor | None,
-                            ready: torch.cuda.Event | None) -> torch.Tensor:
-        """Encode ``slice_in`` into this rank's payload at ``off`` (fenced) unless
-        ``encoded`` holds it already (:meth:`encode_ahead`, published after event
-        ``ready``), and publish it as call ``t``'s ``ready``; returns the local payload."""
+    def _encode_and_publish(self, t: int, slice_in: torch.Tensor, shape: tuple, nbytes: int,
+                            stream: int, encoded: torch.Tensor | None) -> torch.Tensor:
+        """Encode ``slice_in`` into this rank's payload (fenced) unless ``encoded`` holds
+        it already (:meth:`encode_ahead`), and publish it as call ``t``'s ``ready``;
+        returns the local payload."""
         tr = self.transport
-        nbytes = shape[0] * shape[1]
         if encoded is None:
             if not tr.buffers.staged:  # the encode below writes the peer-visible buffer itself
-                tr.fence(off, off + nbytes, stream)
-            encoded = tr.buffers.source("pub")[off:off + nbytes].view(shape)
+                tr.fence(0, nbytes, stream)
+            encoded = tr.buffers.source("pub")[:nbytes].view(shape)
             with traced(tr.trace, stream, "encode"):
                 wht6.encode(slice_in, out=encoded)
         if tr.buffers.staged:  # the D2H publish, fenced (on the publish lane where there is one)
-            tr.publish(t, "ready", off, encoded.data_ptr(), nbytes, stream,
-                       fence=(off, off + nbytes), after=ready)
+            tr.publish(t, "ready", 0, encoded.data_ptr(), nbytes, stream, fence=(0, nbytes))
         else:
             self.signals.post("ready", t, stream)
         return encoded
 
-    def _twoshot(self, t: int, off: int, encoded: torch.Tensor, out: torch.Tensor,
-                 stream: int) -> None:
-        """Phases 2-4 of the two-shot schedule (module doc), after the publish; the call's
-        bytes start at ``off`` of every buffer."""
+    def _twoshot(self, t: int, encoded: torch.Tensor, out: torch.Tensor, stream: int) -> None:
+        """Phases 2-4 of the two-shot schedule (module doc), after the publish."""
         tr, r, size = self.transport, self.world.rank, self.world.size
         rows, cols = out.shape
         rb = encoded.shape[1]
@@ -296,9 +283,8 @@ class SdmaWht6Backend(TransportBackend):
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
         # Compressed reduce-scatter: shard r of every payload, summed in rank order.
-        got = {p: tr.buffers.recv_slot(p, (hi - lo) * rb, off).view(hi - lo, rb)
-               for p in tr.peers}
-        tr.pull_from("ready", t, [(p, got[p].data_ptr(), off + lo * rb, (hi - lo) * rb)
+        got = {p: tr.buffers.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb) for p in tr.peers}
+        tr.pull_from("ready", t, [(p, got[p].data_ptr(), lo * rb, (hi - lo) * rb)
                                   for p in tr.peers], stream, what)
         if hi > lo:
             shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
@@ -306,15 +292,15 @@ class SdmaWht6Backend(TransportBackend):
                 wht6.decode_accumulate(shards, (hi - lo, cols), out.dtype, out=out[lo:hi])
         # The gathered payload: every rank's re-encoded shard at its own rows, so one
         # decode ends the call. Mine is encoded into it and published from it.
-        gathered = tr.buffers.source("red")[off:off + rows * rb].view(rows, rb)
+        gathered = tr.buffers.source("red")[:rows * rb].view(rows, rb)
         if hi > lo:
             with traced(tr.trace, stream, "encode reduced"):
                 wht6.encode(out[lo:hi], out=gathered[lo:hi])
-        tr.publish(t, "reduced", off + lo * rb if tr.buffers.staged else None,
+        tr.publish(t, "reduced", lo * rb if tr.buffers.staged else None,
                    gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.
         at = gathered.data_ptr()
-        tr.pull_from("reduced", t, [(p, at + bounds[p] * rb, off + bounds[p] * rb,
+        tr.pull_from("reduced", t, [(p, at + bounds[p] * rb, bounds[p] * rb,
                                      (bounds[p + 1] - bounds[p]) * rb) for p in tr.peers],
                      stream, what)
         tr.post_done(t, stream)

@@ -61,8 +61,7 @@ class TransportBackend(Backend):
     #: what limits the world size to MAX_WORLD (for the gate's message)
     world_limit: ClassVar[str] = "the reduce kernel's input limit"
     #: its calls may run on the transport's two call streams (``sdma_call_streams``);
-    #: ``sdma_wht6``'s run on one: its publishes overlap the previous slice's decode on the
-    #: publish lane instead (``Backend.all_reduce_ahead``)
+    #: ``sdma_wht6`` publishes every call at offset 0, so its calls could never overlap
     uses_call_streams: ClassVar[bool] = False
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,

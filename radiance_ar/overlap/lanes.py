@@ -56,10 +56,6 @@ class Lanes:
             self._events.append(torch.cuda.Event())
         self._events[slot].record(self.side)
 
-    def event(self, slot: int) -> torch.cuda.Event | None:
-        """Event ``slot`` as last recorded by :meth:`mark_side` (None on the CPU)."""
-        return self._events[slot] if self.side is not None else None
-
     def caller_waits(self, slot: int) -> None:
         """Make the caller's stream wait for the last record of event ``slot``."""
         if self.side is not None:

@@ -72,7 +72,7 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
     ``hooks`` around each slice's GEMM and AR (:class:`SliceHooks`)."""
     assert y.shape == out.shape and bounds[0] == 0 and bounds[-1] == out.shape[0]
     slices = len(bounds) - 1
-    ahead: list[tuple[object, torch.cuda.Event | None] | None] = []
+    ahead: list[object | None] = []
     lanes.side_waits_for_caller()
     with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
         for s in range(slices):
@@ -80,11 +80,10 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
             if hooks is not None:
                 hooks.gemm_before(s)
             producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
-            done = backend.encode_ahead(y[a:b], a)
+            ahead.append(backend.encode_ahead(y[a:b], a))
             if hooks is not None:
                 hooks.gemm_after(s)
             lanes.mark_side(s)
-            ahead.append(None if done is None else (done, lanes.event(s)))
     if hooks is None:
         reduce_slices(backend, y, out, bounds, before=lanes.caller_waits, ahead=ahead)
         return
@@ -99,15 +98,14 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
 def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: Sequence[int],
                   before: Callable[[int], None] | None = None,
                   after: Callable[[int], None] | None = None,
-                  ahead: Sequence[tuple[object, torch.cuda.Event | None] | None] | None = None
-                  ) -> None:
+                  ahead: Sequence[object | None] | None = None) -> None:
     """``out[b_s:b_s+1] = sum over ranks of y[b_s:b_s+1]`` for every slice s, one
     ``all_reduce`` each, as the op calls them: inside ``backend.overlapped_calls()``, so
     slice s+1's AR may start before slice s's ends and the current stream is ordered
     after all of them on return. ``before(s)`` / ``after(s)`` run around slice s's call
     (the op: the wait for GEMM s, then its ``SliceHooks.ar_before`` / ``ar_after``);
-    ``ahead[s]``: what ``backend.encode_ahead`` did for slice s and the event recorded
-    after it (``all_reduce_ahead`` then finishes it), ``None`` for none."""
+    ``ahead[s]``: what ``backend.encode_ahead`` did for slice s (``all_reduce_ahead``
+    then finishes it), ``None`` for none."""
     with backend.overlapped_calls():
         for s in range(len(bounds) - 1):
             a, b = bounds[s], bounds[s + 1]
@@ -117,6 +115,6 @@ def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: 
             if done_ahead is None:
                 backend.all_reduce(y[a:b], out[a:b])
             else:
-                backend.all_reduce_ahead(y[a:b], out[a:b], *done_ahead)
+                backend.all_reduce_ahead(y[a:b], out[a:b], done_ahead)
             if after is not None:
                 after(s)

@@ -225,17 +225,14 @@ class CopyTransport:
             self._pending = [x for x in self._pending if x[0] > epoch]
 
     def publish(self, t: int, slot: str, dst_off: int | None, src_addr: int, nbytes: int,
-                stream: int, fence: tuple[int, int] | None = None,
-                after: torch.cuda.Event | None = None) -> None:
+                stream: int, fence: tuple[int, int] | None = None) -> None:
         """Copy ``nbytes`` at ``src_addr`` (this rank's device memory: a stage, ``out``)
         into bytes [dst_off, dst_off + nbytes) of my ``slot``'s buffer (``pub`` for
         ``ready``, ``red`` for ``reduced``; ``dst_off`` None: already there) and post
         ``slot`` of call ``t``, after the reuse ``fence`` of those bytes: on the publish
-        lane where there is one (:mod:`radiance_ar.transport.publish_lane`), else on ``stream``.
-        ``after``: on the lane, wait for this event instead of ``stream`` (the bytes at
-        ``src_addr`` are ready then: ``Backend.all_reduce_ahead``)."""
+        lane where there is one (:mod:`radiance_ar.transport.publish_lane`), else on ``stream``."""
         on = stream if self.lane is None else self.lane.start(
-            0 if slot == "ready" else 1, self.engine.stream(stream), after)
+            0 if slot == "ready" else 1, self.engine.stream(stream))
         if fence is not None:
             self.fence(*fence, on)
         with traced(self.trace, on, "publish" if slot == "ready" else "publish reduced"):

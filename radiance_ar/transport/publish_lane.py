@@ -37,16 +37,12 @@ class PublishLane:
         self._back = torch.cuda.Event()  # ev_pub
         self._used = False
 
-    def start(self, step: int, caller: torch.cuda.Stream,
-              after: torch.cuda.Event | None = None) -> int:
+    def start(self, step: int, caller: torch.cuda.Stream) -> int:
         """The lane's stream handle, ordered after the work so far of the ``caller``
-        stream, or only after event ``after`` where given (what the publish reads is ready
-        then): enqueue the publish there. ``step`` 0 is the input publish, 1 the reduced
+        stream: enqueue the publish there. ``step`` 0 is the input publish, 1 the reduced
         shard's (each has its own event: both may be in flight)."""
-        event = after
-        if event is None:
-            event = self._to_lane[step]
-            event.record(caller)
+        event = self._to_lane[step]
+        event.record(caller)
         self.stream.wait_event(event)
         self._used = True
         return self.handle
