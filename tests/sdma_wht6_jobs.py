@@ -117,7 +117,7 @@ def staged_op_job(world: World, calls: int, cols: int, k: int, slices: int, seed
     transport stages its publishes as the host-memory worlds do (forced: CPU worlds
     publish in place), so each slice is encoded ahead into the stage at its own rows;
     and the same calls on a runtime that encodes inside the all-reduce. Per call: both
-    outputs, and how many slices were encoded ahead."""
+    outputs, and each slice encoded ahead as (its first row, its stage address mod 16)."""
     knobs = BackendSettings(sdma_schedule=schedule)
     runtimes = [overlap.build(world, OverlapSettings(True, "sdma_wht6", 1, slices, knobs))
                 for _ in range(2)]
@@ -129,7 +129,7 @@ def staged_op_job(world: World, calls: int, cols: int, k: int, slices: int, seed
     def spy(y: torch.Tensor, row0: int):
         done = encode_ahead(y, row0)
         if done is not None:
-            encoded_ahead.append(row0)
+            encoded_ahead.append((row0, done.data_ptr() % 16))
         return done
 
     staged.encode_ahead = spy

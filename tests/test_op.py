@@ -265,6 +265,48 @@ def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_r
     assert torch.equal(out, torch.cat([x[:1] * 3, x[1:3] * 2, x[3:] * 3]))
 
 
+@pytest.mark.parametrize("fails_in", ["encode_ahead", "all_reduce"])
+def test_a_call_failing_half_way_orders_the_caller_after_the_side_streams_work(fails_in):
+    """A slice's side-stream work (its GEMM, its encode ahead) is waited for only by that
+    slice's AR; where the call fails before, the caller waits for the whole side stream,
+    so its next work cannot overtake a later slice's encode into the same stage rows."""
+    import contextlib
+
+    from radiance_ar.overlap.lanes import Lanes
+    from radiance_ar.overlap.pipeline import run_sliced
+
+    log = []
+
+    class Lanes_(Lanes):
+        def caller_waits_for_side(self):
+            log.append("caller waits for side")
+
+    class Producer:
+        def launch(self, prepared, a, b, y, stream):
+            y.copy_(prepared[a:b])
+
+    class Backend:
+        @contextlib.contextmanager
+        def overlapped_calls(self):
+            yield
+
+        def encode_ahead(self, y, row0):
+            if fails_in == "encode_ahead" and row0 > 0:
+                raise ValueError(fails_in)
+            return None
+
+        def all_reduce(self, y, out):
+            if fails_in == "all_reduce":
+                raise ValueError(fails_in)
+            out.copy_(y)
+
+    x = torch.arange(10.0).reshape(5, 2)
+    with pytest.raises(ValueError, match=fails_in):
+        run_sliced(x, Producer(), Backend(), torch.empty(5, 2), torch.empty(5, 2), [0, 1, 3, 5],
+                   Lanes_(torch.device("cpu")))
+    assert log == ["caller waits for side"]
+
+
 def test_a_sliced_call_is_planned_once_and_a_new_layer_replans_it():
     rt = overlap.build(single_world("cpu"), OverlapSettings(True, "sdma", 8, 4))
     keys = []

@@ -75,7 +75,7 @@ def record(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor, producer: 
             # their own (radiance_ar.transport.call_streams), is its last step's (below).
             started[lane, s] = _event(), time.perf_counter()
             started[lane, s][0].record()
-            if lane == AR_LANE and trace is not None:
+            if trace is not None:  # steps enqueued until the next hook belong to slice s
                 trace.slice = s
         return hook
 

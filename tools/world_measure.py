@@ -104,7 +104,8 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
     and, on a GPU, the host's median) into ``record`` as ``t_<key>_ms`` /
     ``t_<key>_spread_ms`` / ``t_<key>_host_ms``; where the op slices, also
     ``ar_sliced``: the AR of the whole tensor called once per row slice, as the op calls
-    it. Returns (the op's row bounds: S clamped to M rows, the medians by key)."""
+    it (a step the op runs ahead on the GEMM's stream, ``Backend.encode_ahead``, is inside
+    each call here: the bound then counts it once, on the AR's side). Returns (the op's row bounds: S clamped to M rows, the medians by key)."""
     bounds = slice_plan(case, case.slices)
 
     def ar_sliced(i):

@@ -81,8 +81,8 @@ from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import check_capacity_args, check_slice, copy_unless_same
 from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.backends.registry import register
-from radiance_ar.backends.sdma_schedule import (WHT6_TWOSHOT_MIN_WORLD, auto_schedule_wht6,
-    row_shards, wht6_twoshot_wire_bytes)
+from radiance_ar.backends.sdma_schedule import (SHARD_ALIGN_BYTES, WHT6_TWOSHOT_MIN_WORLD,
+    auto_schedule_wht6, row_shards, wht6_twoshot_wire_bytes)
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.transport.trace import traced
 from radiance_ar.backends.transport_backend import TransportBackend
@@ -93,6 +93,15 @@ ONESHOT_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND
 PAYLOAD_REL_RMS_BOUND = wht6.SUM_REL_RMS_BOUND
 TWOSHOT_REL_RMS_BOUND = ONESHOT_REL_RMS_BOUND + PAYLOAD_REL_RMS_BOUND * (1 + ONESHOT_REL_RMS_BOUND)
 REL_RMS_BOUNDS = {"oneshot": ONESHOT_REL_RMS_BOUND, "twoshot": TWOSHOT_REL_RMS_BOUND}
+
+
+def stage_pitch(row_bytes: int) -> int:
+    """Bytes per row of the call in the stage where slices are encoded ahead: a payload
+    row's bytes rounded up to ``SHARD_ALIGN_BYTES``, so each slice's payload starts on a
+    16-byte boundary whatever its first row (a row is 8 bytes off where cols / 256 is
+    odd): the codec kernels then see the alignment of every other call, for the reason
+    ``SHARD_ALIGN_BYTES`` gives (a new Triton variant compiled while a peer waits)."""
+    return -(-row_bytes // SHARD_ALIGN_BYTES) * SHARD_ALIGN_BYTES
 
 
 @register("sdma_wht6")
@@ -173,7 +182,8 @@ class SdmaWht6Backend(TransportBackend):
                 and self.world.device.type == "cuda" and self.world.size > 1):
             self._warm_codec(cols, dtype)
             self._warm.add((cols, dtype))
-        self.transport.ensure_capacity(rows * row_bytes)
+        # the whole call at the stage's pitch (encode_ahead), which also bounds one call
+        self.transport.ensure_capacity(rows * stage_pitch(row_bytes))
         self.cols = cols  # after a growth that may be refused
 
     def _warm_codec(self, cols: int, dtype: torch.dtype) -> None:
@@ -198,8 +208,9 @@ class SdmaWht6Backend(TransportBackend):
 
     def encode_ahead(self, slice_in: torch.Tensor, row0: int) -> torch.Tensor | None:
         """Where the buffers are host memory (gpu-emulated, gpu-host), encode the slice
-        into the device stage at its own rows of the call (row ``row0`` on: the stage
-        holds the whole call, ``ensure_capacity(M, ...)``), which no peer reads, so no
+        into the device stage at its own rows of the call (from byte ``row0`` x
+        :func:`stage_pitch`: the stage holds the whole call, ``ensure_capacity(M, ...)``,
+        and each slice starts 16-byte aligned), which no peer reads, so no
         fence orders it; the all-reduce's publish copies it D2H after the fence. Where
         ``pub`` is this rank's memory the encode writes what peers read, after the fence
         (``None``: done in :meth:`all_reduce`)."""
@@ -208,7 +219,7 @@ class SdmaWht6Backend(TransportBackend):
             return None
         check_slice(slice_in, slice_in)
         rows, row_bytes = wht6.payload_shape(*slice_in.shape)
-        start = row0 * row_bytes
+        start = row0 * stage_pitch(row_bytes)
         tr.check_fits(start + rows * row_bytes)
         encoded = tr.buffers.source("pub")[start:start + rows * row_bytes].view(rows, row_bytes)
         with traced(tr.trace, current_stream_handle(slice_in.device), "encode"):

@@ -56,6 +56,12 @@ class Lanes:
             self._events.append(torch.cuda.Event())
         self._events[slot].record(self.side)
 
+    def caller_waits_for_side(self) -> None:
+        """Make the caller's stream wait for everything enqueued on the side stream so far
+        (an op call that failed half way: its later slices' side work was never waited for)."""
+        if self.side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+
     def caller_waits(self, slot: int) -> None:
         """Make the caller's stream wait for the last record of event ``slot``."""
         if self.side is not None:

@@ -74,25 +74,31 @@ def run_sliced(prepared: Prepared, producer: Producer, backend: Backend, y: torc
     slices = len(bounds) - 1
     ahead: list[object | None] = []
     lanes.side_waits_for_caller()
-    with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
-        for s in range(slices):
-            a, b = bounds[s], bounds[s + 1]
-            if hooks is not None:
-                hooks.gemm_before(s)
-            producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
-            ahead.append(backend.encode_ahead(y[a:b], a))
-            if hooks is not None:
-                hooks.gemm_after(s)
-            lanes.mark_side(s)
-    if hooks is None:
-        reduce_slices(backend, y, out, bounds, before=lanes.caller_waits, ahead=ahead)
-        return
+    try:
+        with lanes.on_side():  # every GEMM first (module doc: why not interleaved)
+            for s in range(slices):
+                a, b = bounds[s], bounds[s + 1]
+                if hooks is not None:
+                    hooks.gemm_before(s)
+                producer.launch(prepared, a, b, y[a:b], lanes.side_handle)
+                if hooks is not None:
+                    hooks.gemm_after(s)
+                ahead.append(backend.encode_ahead(y[a:b], a))
+                lanes.mark_side(s)
+        if hooks is None:
+            reduce_slices(backend, y, out, bounds, before=lanes.caller_waits, ahead=ahead)
+            return
 
-    def before(s: int) -> None:
-        lanes.caller_waits(s)
-        hooks.ar_before(s)
+        def before(s: int) -> None:
+            lanes.caller_waits(s)
+            hooks.ar_before(s)
 
-    reduce_slices(backend, y, out, bounds, before, hooks.ar_after, ahead)
+        reduce_slices(backend, y, out, bounds, before, hooks.ar_after, ahead)
+    except BaseException:
+        # The side stream's later GEMMs and encodes were never waited for: the caller's
+        # next work (a direct all_reduce writing the same stage rows) must not overtake them.
+        lanes.caller_waits_for_side()
+        raise
 
 
 def reduce_slices(backend: Backend, y: torch.Tensor, out: torch.Tensor, bounds: Sequence[int],
