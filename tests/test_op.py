@@ -1,5 +1,7 @@
 """radiance::linear_ar in a one-rank world: opcheck, torch.compile, bad input, scratch."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -189,8 +191,6 @@ def test_reduce_slices_calls_each_slice_in_one_overlapped_block_between_its_hook
     """radiance_ar.overlap.pipeline.reduce_slices, which the op, the sliced-AR timing and the timeline
     share: one all_reduce per slice on its rows, all inside overlapped_calls(), each
     between before(s) and after(s)."""
-    import contextlib
-
     from radiance_ar.overlap.pipeline import reduce_slices
 
     log = []
@@ -216,13 +216,37 @@ def test_reduce_slices_calls_each_slice_in_one_overlapped_block_between_its_hook
     assert torch.equal(out, y * 2)
 
 
+class RowCopyProducer:
+    """A producer whose GEMM slice copies the prepared rows, logging ``("gemm", a)``."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def launch(self, prepared, a, b, y, stream):
+        self.log.append(("gemm", a))
+        y.copy_(prepared[a:b])
+
+
+class PipelineBackend:
+    """What ``run_sliced`` calls of a backend: ``encode_ahead`` does nothing, ``all_reduce``
+    doubles its slice; tests override a step to log or fail it."""
+
+    @contextlib.contextmanager
+    def overlapped_calls(self):
+        yield
+
+    def encode_ahead(self, y, row0):
+        return None
+
+    def all_reduce(self, y, out):
+        out.copy_(y * 2)
+
+
 def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_returned():
     """radiance_ar.overlap.pipeline.run_sliced: a backend's ``encode_ahead`` runs on the
     GEMM's lane right after each GEMM slice, before the slice is marked done; each
     slice's AR then gets what it returned (``all_reduce_ahead``), or ``all_reduce``
     where it returned None."""
-    import contextlib
-
     from radiance_ar.overlap.lanes import Lanes
     from radiance_ar.overlap.pipeline import run_sliced
 
@@ -232,23 +256,14 @@ def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_r
         def mark_side(self, slot):
             log.append(("mark", slot))
 
-    class Producer:
-        def launch(self, prepared, a, b, y, stream):
-            log.append(("gemm", a))
-            y.copy_(prepared[a:b])
-
-    class Backend:
-        @contextlib.contextmanager
-        def overlapped_calls(self):
-            yield
-
+    class Backend(PipelineBackend):
         def encode_ahead(self, y, row0):
             log.append(("ahead", row0))
             return None if row0 == 1 else ("token", row0, y.data_ptr())
 
         def all_reduce(self, y, out):
             log.append(("ar", y.data_ptr()))
-            out.copy_(y * 2)
+            super().all_reduce(y, out)
 
         def all_reduce_ahead(self, y, out, ahead):
             log.append(("ar ahead", ahead))
@@ -256,7 +271,8 @@ def test_each_slice_is_encoded_ahead_after_its_gemm_and_reduced_with_what_that_r
 
     x, y = torch.arange(10.0).reshape(5, 2), torch.empty(5, 2)
     out = torch.full((5, 2), float("nan"))
-    run_sliced(x, Producer(), Backend(), y, out, [0, 1, 3, 5], Lanes_(torch.device("cpu")))
+    run_sliced(x, RowCopyProducer(log), Backend(), y, out, [0, 1, 3, 5],
+               Lanes_(torch.device("cpu")))
     row = y.stride(0) * y.element_size()
     assert log == [("gemm", 0), ("ahead", 0), ("mark", 0), ("gemm", 1), ("ahead", 1),
                    ("mark", 1), ("gemm", 3), ("ahead", 3), ("mark", 2),
@@ -270,8 +286,6 @@ def test_a_call_failing_half_way_orders_the_caller_after_the_side_streams_work(f
     """A slice's side-stream work (its GEMM, its encode ahead) is waited for only by that
     slice's AR; where the call fails before, the caller waits for the whole side stream,
     so its next work cannot overtake a later slice's encode into the same stage rows."""
-    import contextlib
-
     from radiance_ar.overlap.lanes import Lanes
     from radiance_ar.overlap.pipeline import run_sliced
 
@@ -281,15 +295,7 @@ def test_a_call_failing_half_way_orders_the_caller_after_the_side_streams_work(f
         def caller_waits_for_side(self):
             log.append("caller waits for side")
 
-    class Producer:
-        def launch(self, prepared, a, b, y, stream):
-            y.copy_(prepared[a:b])
-
-    class Backend:
-        @contextlib.contextmanager
-        def overlapped_calls(self):
-            yield
-
+    class Backend(PipelineBackend):
         def encode_ahead(self, y, row0):
             if fails_in == "encode_ahead" and row0 > 0:
                 raise ValueError(fails_in)
@@ -298,12 +304,12 @@ def test_a_call_failing_half_way_orders_the_caller_after_the_side_streams_work(f
         def all_reduce(self, y, out):
             if fails_in == "all_reduce":
                 raise ValueError(fails_in)
-            out.copy_(y)
+            super().all_reduce(y, out)
 
     x = torch.arange(10.0).reshape(5, 2)
     with pytest.raises(ValueError, match=fails_in):
-        run_sliced(x, Producer(), Backend(), torch.empty(5, 2), torch.empty(5, 2), [0, 1, 3, 5],
-                   Lanes_(torch.device("cpu")))
+        run_sliced(x, RowCopyProducer([]), Backend(), torch.empty(5, 2), torch.empty(5, 2),
+                   [0, 1, 3, 5], Lanes_(torch.device("cpu")))
     assert log == ["caller waits for side"]
 
 

@@ -57,10 +57,11 @@ class Lanes:
         self._events[slot].record(self.side)
 
     def caller_waits_for_side(self) -> None:
-        """Make the caller's stream wait for everything enqueued on the side stream so far
-        (an op call that failed half way: its later slices' side work was never waited for)."""
+        """Make the caller's stream of this op call wait for everything enqueued on the side
+        stream so far (a call that failed half way: its later slices' side work was never
+        waited for)."""
         if self.side is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self.side)
+            self._caller.wait_stream(self.side)
 
     def caller_waits(self, slot: int) -> None:
         """Make the caller's stream wait for the last record of event ``slot``."""
