@@ -117,7 +117,8 @@ def staged_op_job(world: World, calls: int, cols: int, k: int, slices: int, seed
     transport stages its publishes as the host-memory worlds do (forced: CPU worlds
     publish in place), so each slice is encoded ahead into the stage at its own rows;
     and the same calls on a runtime that encodes inside the all-reduce. Per call: both
-    outputs, and each slice encoded ahead as (its first row, its stage address mod 16)."""
+    outputs, each slice encoded ahead as (its first row, its stage address mod 16), and
+    every pull's destination bytes (start address, length)."""
     knobs = BackendSettings(sdma_schedule=schedule)
     runtimes = [overlap.build(world, OverlapSettings(True, "sdma_wht6", 1, slices, knobs))
                 for _ in range(2)]
@@ -133,6 +134,14 @@ def staged_op_job(world: World, calls: int, cols: int, k: int, slices: int, seed
         return done
 
     staged.encode_ahead = spy
+    pulled_into = []
+    pull_from = staged.transport.pull_from
+
+    def pull_spy(slot, t, pulls, stream, what):
+        pulled_into.extend((dst, nbytes) for _, dst, _, nbytes in pulls if nbytes)
+        pull_from(slot, t, pulls, stream, what)
+
+    staged.transport.pull_from = pull_spy
     plan = random.Random(seed)  # the same M and sleeps on every rank's plan
     jitter = random.Random(seed * 31 + world.rank)
     results = []
@@ -142,6 +151,7 @@ def staged_op_job(world: World, calls: int, cols: int, k: int, slices: int, seed
         x = torch.randn(rows, k, generator=g).to(DT)
         w = (torch.randn(cols, k, generator=g) / k ** 0.5).to(DT)
         encoded_ahead.clear()
+        pulled_into.clear()
         outs = []
         for rt in runtimes:
             if jitter.random() < 0.3:
@@ -150,6 +160,7 @@ def staged_op_job(world: World, calls: int, cols: int, k: int, slices: int, seed
         exact = x.double() @ w.double().t()
         dist.all_reduce(exact, group=world.group)
         results.append({"ahead": outs[0], "in_call": outs[1], "rows_ahead": list(encoded_ahead),
+                        "pulled_into": list(pulled_into),
                         "rel_rms": rel_rms(outs[0], exact), "bound": staged.rel_rms_bound})
     for rt in runtimes:
         rt.close()

@@ -82,7 +82,9 @@ def test_slices_encoded_ahead_into_the_stage_give_the_same_bits(cpu_world, size,
     """Host-memory worlds encode each GEMM slice on the GEMM's stream into the stage at
     the slice's rows (``encode_ahead``); the CPU world is forced to stage its publishes
     so that path runs here with real processes: every call (varying M, skewed ranks)
-    must give the bits of the same call encoded inside the all-reduce, on every rank."""
+    must give the bits of the same call encoded inside the all-reduce, on every rank.
+    Every byte a slice pulls lands where no other slice of the op call writes: on a GPU
+    a slice's last decode runs beside the next slice's pulls (the decode lane)."""
     results = cpu_world(size).run(jobs.staged_op_job, 12, 256, 32, 4, 5, schedule)
     for rank in results:
         for call, r in enumerate(rank):
@@ -91,6 +93,9 @@ def test_slices_encoded_ahead_into_the_stage_give_the_same_bits(cpu_world, size,
             assert starts == sorted(set(starts)) and starts[-1] < r["ahead"].shape[0]
             # 16-byte aligned where a payload row is 8 bytes off (256 columns: 200 bytes)
             assert all(mod == 0 for _, mod in r["rows_ahead"]), (call, r["rows_ahead"])
+            spans = sorted(r["pulled_into"])
+            assert spans, call
+            assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:])), (call, spans)
             assert torch.equal(r["ahead"], r["in_call"]), call
             assert torch.equal(r["ahead"], results[0][call]["ahead"]), call
             assert r["rel_rms"] <= r["bound"], (call, r["rel_rms"])

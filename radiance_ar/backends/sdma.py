@@ -36,6 +36,7 @@ from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.transport.peer_memory import typed_view
 from radiance_ar.backends.registry import register
 from radiance_ar.backends.sdma_schedule import auto_schedule, schedule_wire_bytes, shard_bounds
+from radiance_ar.transport import passive_peers
 from radiance_ar.transport.trace import traced
 from radiance_ar.backends.transport_backend import TransportBackend
 from radiance_ar.transport.world import World
@@ -162,7 +163,7 @@ class SdmaBackend(TransportBackend):
         if payload is None:
             g = torch.Generator().manual_seed(seed)
             payload = torch.randn(self.capacity // 2, generator=g).to(torch.bfloat16)
-        self.transport.fill_passive_peers(payload)
+        passive_peers.make_passive(self.transport, payload)
 
     # ------------------------------------------------------------------ internals
 

@@ -27,7 +27,10 @@ into rows ``b_s:b_s+1`` of the stage (which holds the whole call; no peer reads 
 fence orders it), and the call begins with the fenced D2H publish of those rows. On the
 all-reduce's stream it would wait for GEMM slice s+1, a persistent kernel holding every SM
 until it ends: at W = 2, S = 4, M = 8192 the op ran 1.187 ms that way, 1.042 ms with the
-encode ahead (H200, tools/results/2026-12-05-h200-encode-ahead/).
+encode ahead (H200, tools/results/2026-12-05-h200-encode-ahead/). Such a call also
+receives, and (two-shot) gathers, at its own rows' offset, so its last decode, which waits
+for the SMs of the GEMM slice then running, runs on the decode lane and the next slice's
+pulls need not wait for it (:mod:`radiance_ar.transport.side_lanes`).
 
 Two-shot, rank r, epoch t; payload rows are cut into W shards (``row_shards``; payload
 row i encodes output row i only, so a shard is a payload of its own)::
@@ -74,6 +77,8 @@ attribute is the larger, true of every instance.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from radiance_ar import wht6
@@ -84,6 +89,7 @@ from radiance_ar.backends.registry import register
 from radiance_ar.backends.sdma_schedule import (SHARD_ALIGN_BYTES, WHT6_TWOSHOT_MIN_WORLD,
     auto_schedule_wht6, row_shards, wht6_twoshot_wire_bytes)
 from radiance_ar.streams import current_stream_handle
+from radiance_ar.transport import passive_peers
 from radiance_ar.transport.trace import traced
 from radiance_ar.backends.transport_backend import TransportBackend
 from radiance_ar.transport.world import World
@@ -113,6 +119,7 @@ class SdmaWht6Backend(TransportBackend):
     stage_reduced = True  # host buffers: the re-encoded shard is written to device memory first
     world_limit = f"decode_accumulate's limit of {wht6.MAX_PAYLOADS} payloads"
     preferred_slices = 1  # one rank: nothing to overlap
+    decodes_beside = True  # an op call's slices end with a decode (see _all_reduce)
 
     @classmethod
     def preferred_slices_for(cls, world_size: int) -> int:
@@ -231,8 +238,8 @@ class SdmaWht6Backend(TransportBackend):
         self._all_reduce(slice_in, out, ahead)
 
     def _all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor,
-                    encoded: torch.Tensor | None) -> None:
-        """:meth:`all_reduce`; ``encoded``: this rank's payload, already encoded into the
+                    ahead: torch.Tensor | None) -> None:
+        """:meth:`all_reduce`; ``ahead``: this rank's payload, already encoded into the
         stage (:meth:`encode_ahead`), else ``None``."""
         check_slice(slice_in, out)
         rows, cols = slice_in.shape
@@ -242,17 +249,31 @@ class SdmaWht6Backend(TransportBackend):
         tr = self.transport
         shape = wht6.payload_shape(rows, cols)
         nbytes = tr.check_fits(shape[0] * shape[1])
+        # Encoded ahead, the call owns its rows of the stage from byte `own`: it receives
+        # and gathers there too, so its last decode may run beside the next slice's
+        # pulls (CopyTransport.decode_beside); else every call uses bytes from 0.
+        own = (None if ahead is None
+               else ahead.data_ptr() - tr.buffers.source("pub").data_ptr())
         with tr.call_stream() as stream, self.signals.call(self.signature(slice_in)) as t:
-            encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream, encoded)
+            encoded = self._encode_and_publish(t, slice_in, shape, nbytes, stream, ahead)
             if self.schedule_for(nbytes) == "oneshot":
-                pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce")
+                pulled = tr.pull_all(t, 0, nbytes, stream, f"{self.name} one-shot all_reduce",
+                                     at=own)
                 payloads = [encoded if q == self.world.rank else pulled[q].view(shape)
                             for q in range(self.world.size)]
-                with traced(tr.trace, stream, "decode_accumulate"):
+                with self._last_decode(stream, own) as on, \
+                        traced(tr.trace, on, "decode_accumulate"):
                     wht6.decode_accumulate(payloads, (rows, cols), out.dtype, out=out)
             else:
-                self._twoshot(t, encoded, out, stream)
+                self._twoshot(t, encoded, out, stream, own)
             tr.finish(t, 0, nbytes, stream)
+
+    def _last_decode(self, stream: int, own: int | None) -> contextlib.AbstractContextManager[int]:
+        """Where a call's last decode runs (yields the handle): beside the next call where
+        the call owns its bytes (``own``, see :meth:`_all_reduce`), else on ``stream``."""
+        if own is None:
+            return contextlib.nullcontext(stream)
+        return self.transport.decode_beside(stream)
 
     def fill_passive_peers(self) -> None:
         """Timing mode (see :meth:`radiance_ar.backends.sdma.SdmaBackend.fill_passive_peers`): every
@@ -262,7 +283,7 @@ class SdmaWht6Backend(TransportBackend):
             raise ValueError("sdma_wht6.fill_passive_peers: call ensure_capacity first")
         g = torch.Generator().manual_seed(0)
         values = torch.randn(64, self.cols, generator=g).to(torch.bfloat16)
-        self.transport.fill_passive_peers(wht6.encode(values))
+        passive_peers.make_passive(self.transport, wht6.encode(values))
 
     # ------------------------------------------------------------------ internals
 
@@ -284,16 +305,20 @@ class SdmaWht6Backend(TransportBackend):
             self.signals.post("ready", t, stream)
         return encoded
 
-    def _twoshot(self, t: int, encoded: torch.Tensor, out: torch.Tensor, stream: int) -> None:
-        """Phases 2-4 of the two-shot schedule (module doc), after the publish."""
+    def _twoshot(self, t: int, encoded: torch.Tensor, out: torch.Tensor, stream: int,
+                 own: int | None) -> None:
+        """Phases 2-4 of the two-shot schedule (module doc), after the publish; ``own``:
+        where the call's own bytes of the stages and receive slots start (None: 0)."""
         tr, r, size = self.transport, self.world.rank, self.world.size
         rows, cols = out.shape
         rb = encoded.shape[1]
         bounds = row_shards(rows, size, rb)
         lo, hi = bounds[r], bounds[r + 1]
         what = f"{self.name} two-shot all_reduce"
+        at = own or 0
         # Compressed reduce-scatter: shard r of every payload, summed in rank order.
-        got = {p: tr.buffers.recv_slot(p, (hi - lo) * rb).view(hi - lo, rb) for p in tr.peers}
+        got = {p: tr.buffers.recv_slot(p, (hi - lo) * rb, at).view(hi - lo, rb)
+               for p in tr.peers}
         tr.pull_from("ready", t, [(p, got[p].data_ptr(), lo * rb, (hi - lo) * rb)
                                   for p in tr.peers], stream, what)
         if hi > lo:
@@ -302,17 +327,17 @@ class SdmaWht6Backend(TransportBackend):
                 wht6.decode_accumulate(shards, (hi - lo, cols), out.dtype, out=out[lo:hi])
         # The gathered payload: every rank's re-encoded shard at its own rows, so one
         # decode ends the call. Mine is encoded into it and published from it.
-        gathered = tr.buffers.source("red")[:rows * rb].view(rows, rb)
+        gathered = tr.buffers.source("red")[at:at + rows * rb].view(rows, rb)
         if hi > lo:
             with traced(tr.trace, stream, "encode reduced"):
                 wht6.encode(out[lo:hi], out=gathered[lo:hi])
         tr.publish(t, "reduced", lo * rb if tr.buffers.staged else None,
                    gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.
-        at = gathered.data_ptr()
-        tr.pull_from("reduced", t, [(p, at + bounds[p] * rb, bounds[p] * rb,
+        base = gathered.data_ptr()
+        tr.pull_from("reduced", t, [(p, base + bounds[p] * rb, bounds[p] * rb,
                                      (bounds[p + 1] - bounds[p]) * rb) for p in tr.peers],
                      stream, what)
         tr.post_done(t, stream)
-        with traced(tr.trace, stream, "decode reduced"):
+        with self._last_decode(stream, own) as on, traced(tr.trace, on, "decode reduced"):
             wht6.decode_accumulate([gathered], (rows, cols), out.dtype, out=out)

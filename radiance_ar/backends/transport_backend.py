@@ -39,7 +39,9 @@ def emulated_streams_reason(world: World, call_streams: int) -> str | None:
     """``None``, or why W emulated ranks cannot each keep ``call_streams`` call streams: one
     GPU's ranks would then have more busy streams than hardware queues (each rank: its own,
     the publish lane, the op's side stream and the call streams), and streams that share a
-    queue can park one rank behind another's wait on a flag (docs/design.md, 'Worlds')."""
+    queue can park one rank behind another's wait on a flag (docs/design.md, 'Worlds').
+    With one call stream (the caller's) a rank keeps at most 4 (a decode lane instead):
+    32 at W = 8, every queue."""
     if world.kind != "gpu-emulated" or call_streams == 1:
         return None
     per_rank = 3 + call_streams
@@ -63,6 +65,9 @@ class TransportBackend(Backend):
     #: its calls may run on the transport's two call streams (``sdma_call_streams``);
     #: ``sdma_wht6`` publishes every call at offset 0, so its calls could never overlap
     uses_call_streams: ClassVar[bool] = False
+    #: its overlapped calls end with a kernel that may run on the transport's decode lane
+    #: (:meth:`CopyTransport.decode_beside`)
+    decodes_beside: ClassVar[bool] = False
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):
@@ -82,7 +87,7 @@ class TransportBackend(Backend):
         self.transport = CopyTransport(world, self.name, self.settings.spin_timeout_ms,
                                        reduced=self.may_use_twoshot(),
                                        stage_reduced=self.stage_reduced,
-                                       call_streams=streams)
+                                       call_streams=streams, decode_lane=self.decodes_beside)
         self.signals = self.transport.signals
         #: the thread that stops this process when its calls stall for RADIANCE_AR_WATCHDOG_S
         #: (radiance_ar/transport/watchdog.py), or why there is none

@@ -1,6 +1,6 @@
 """Do a D2H and an H2D copy on two streams run at the same time (a full-duplex host link)?
 
-The emulated world's publish lane (:mod:`radiance_ar.transport.publish_lane`) assumes that a rank's
+The emulated world's publish lane (:mod:`radiance_ar.transport.side_lanes`) assumes that a rank's
 D2H publish and its H2D pulls, on two streams, overlap. They do not when the two
 streams feed one hardware queue (streams beyond ``CUDA_DEVICE_MAX_CONNECTIONS`` share
 queues, and the legacy default stream may share one with a pool stream), or when the

@@ -11,7 +11,8 @@ routes of copies between them are ``self.buffers`` (:mod:`radiance_ar.transport.
 
 One call of rank r (epoch t; every rank numbers calls alike), on the caller's stream or
 on one of two call streams entered from it (:mod:`radiance_ar.transport.call_streams`; in the
-host-memory worlds the publishes run beside it: :mod:`radiance_ar.transport.publish_lane`)::
+host-memory worlds the publishes, and a pipeline's last decodes, run beside it:
+:mod:`radiance_ar.transport.side_lanes`)::
 
   rank r stream : [fence] publish ready_r=t  wait ready_p>=t  pull p   done_r=t  compute
   rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  compute
@@ -60,13 +61,12 @@ from typing import Callable, Iterator
 import torch
 
 from radiance_ar.call_contract import CallSignature
-from radiance_ar.transport import passive_peers
 from radiance_ar.transport.call_streams import CallStreams, Footprint
 from radiance_ar.transport.copy_engine import CopyEngine, copy_bytes, dedicated_stream, platform
 from radiance_ar.transport.gpu_signals import GpuSignals
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.buffers import grown_size, refuse_growth_in_capture
-from radiance_ar.transport.publish_lane import PublishLane
+from radiance_ar.transport.side_lanes import SideLane
 from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, Signals
 from radiance_ar.transport import tokens
 from radiance_ar.transport.tokens import TokenRound, inbox_bytes
@@ -86,11 +86,12 @@ class CopyTransport:
     also give ``red`` a device stage (a backend that computes the reduced bytes into device
     memory before publishing them; ``sdma`` publishes its reduced shard from ``out``);
     ``call_streams``: 1 or 2 streams the calls entered through :meth:`on_call_stream` run
-    on (:mod:`radiance_ar.transport.call_streams`).
+    on (:mod:`radiance_ar.transport.call_streams`); ``decode_lane``: in host-memory worlds
+    keep a decode lane (:meth:`decode_beside`).
     """
 
     def __init__(self, world: World, owner: str, timeout_ms: float, *, reduced: bool,
-                 stage_reduced: bool = False, call_streams: int = 1):
+                 stage_reduced: bool = False, call_streams: int = 1, decode_lane: bool = False):
         self.world, self.owner = world, owner
         size = world.size
         self.engine = CopyEngine(world.device) if size > 1 else None
@@ -98,7 +99,12 @@ class CopyTransport:
         #: Without it gpu-host's sdma ran at 0.46-0.51 of the link against 0.85-0.90
         #: emulated (H200, tools/results/2026-12-04-h200-gpu-host-second/), while its
         #: registered memory copies at the pinned memory's rate both ways (53.5 GB/s)
-        self.lane = PublishLane(world.device) if world.host_buffers and size > 1 else None
+        staged_peers = world.host_buffers and size > 1
+        self.lane = SideLane(world.device, steps=2) if staged_peers else None
+        #: host-memory worlds: the kernels that end a call of an overlapped block
+        #: (:meth:`decode_beside`)
+        self.decode_lane = SideLane(world.device, steps=1) if staged_peers and decode_lane else None
+        self._overlap_depth = 0  # nesting of :meth:`overlapped`
         self.signals: Signals | None = None
         if size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
@@ -191,10 +197,34 @@ class CopyTransport:
         work. ``footprint``: what the call touches (calls that share bytes never overlap)."""
         return self.call_streams.call(caller, footprint)
 
-    def overlapped(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def overlapped(self) -> Iterator[None]:
         """A block whose calls may overlap each other; the caller's stream waits for all
-        of them at its end (:meth:`radiance_ar.transport.call_streams.CallStreams.overlapped`)."""
-        return self.call_streams.overlapped()
+        of them (:meth:`radiance_ar.transport.call_streams.CallStreams.overlapped`) and for
+        the decode lane at its end, also when it raises."""
+        with self.call_streams.overlapped():
+            self._overlap_depth += 1
+            try:
+                yield
+            finally:
+                self._overlap_depth -= 1
+                if not self._overlap_depth and self.decode_lane is not None:
+                    self.decode_lane.join(
+                        self.engine.stream(current_stream_handle(self.world.device)))
+
+    @contextlib.contextmanager
+    def decode_beside(self, stream: int) -> Iterator[int]:
+        """Where the kernels enqueued inside run, yielded as the handle to trace them on:
+        inside an overlapped block with a decode lane, on the lane after ``stream``'s work
+        so far, so the block's next call does not wait for them (the module doc of
+        :mod:`radiance_ar.transport.side_lanes`); else on ``stream``. They may read and
+        write only bytes that no later call of the block touches (this call's own
+        receive bytes, stage rows and output rows); the caller joins at the block's end."""
+        if self.decode_lane is None or not self._overlap_depth:
+            yield stream
+            return
+        with self.decode_lane.current(self.engine.stream(stream)) as handle:
+            yield handle
 
     def close(self) -> None:
         """Drop every buffer (capacity 0)."""
@@ -230,7 +260,7 @@ class CopyTransport:
         into bytes [dst_off, dst_off + nbytes) of my ``slot``'s buffer (``pub`` for
         ``ready``, ``red`` for ``reduced``; ``dst_off`` None: already there) and post
         ``slot`` of call ``t``, after the reuse ``fence`` of those bytes: on the publish
-        lane where there is one (:mod:`radiance_ar.transport.publish_lane`), else on ``stream``."""
+        lane where there is one (:mod:`radiance_ar.transport.side_lanes`), else on ``stream``."""
         on = stream if self.lane is None else self.lane.start(
             0 if slot == "ready" else 1, self.engine.stream(stream))
         if fence is not None:
@@ -268,12 +298,13 @@ class CopyTransport:
             else:  # a capture: counted per replay (after_replay)
                 rnd.pulled_bytes += nbytes
 
-    def pull_all(self, t: int, off: int, nbytes: int, stream: int,
-                 what: str) -> dict[int, torch.Tensor]:
-        """Pull bytes [off, off + nbytes) of every peer's ``pub`` into the same bytes of its
-        receive slot (after its ``ready`` of call ``t``), then post ``done``; returns
-        peer -> those received bytes."""
-        got = {p: self.buffers.recv_slot(p, nbytes, off) for p in self.peers}
+    def pull_all(self, t: int, off: int, nbytes: int, stream: int, what: str,
+                 at: int | None = None) -> dict[int, torch.Tensor]:
+        """Pull bytes [off, off + nbytes) of every peer's ``pub`` into its receive slot at
+        byte ``at`` (default ``off``: the same bytes), after its ``ready`` of call ``t``,
+        then post ``done``; returns peer -> those received bytes."""
+        got = {p: self.buffers.recv_slot(p, nbytes, off if at is None else at)
+               for p in self.peers}
         self.pull_from("ready", t, [(p, got[p].data_ptr(), off, nbytes) for p in self.peers],
                        stream, what)
         self.post_done(t, stream)
@@ -376,26 +407,16 @@ class CopyTransport:
             lanes[handle] = f"AR steps (call stream {k})"
         if self.lane is not None:
             lanes[self.lane.handle] = "publish lane"
+        if self.decode_lane is not None:
+            lanes[self.decode_lane.handle] = "decode lane"
         self.trace = StepTrace(self.world.device, lanes)
         return self.trace
 
     @property
     def all_passive(self) -> bool:
-        """Whether every peer is passive (the timing mode of :meth:`fill_passive_peers`)."""
+        """Whether every peer is passive (the timing mode of :func:`radiance_ar.transport.passive_peers.make_passive`)."""
         return self.signals is not None and self.signals.passive_peers() == set(self.peers)
 
     def stop_trace(self) -> None:
         """End what :meth:`start_trace` began."""
         self.trace = None
-
-    def fill_passive_peers(self, payload: torch.Tensor) -> None:
-        """Timing mode: every OTHER rank becomes a passive peer that never calls. Its
-        ``pub`` (and ``red``) hold ``payload``'s bytes repeated from offset 0, and its
-        flags pass every wait (:meth:`radiance_ar.transport.signals.Signals.set_passive`). Host
-        writes: after :meth:`ensure_capacity`, with no call in flight."""
-        fill = passive_peers.repeated_bytes(payload, self.capacity)
-        for buf in (self.buffers.pub, self.buffers.red):
-            if buf is not None:
-                passive_peers.fill_other_ranks(buf, self.world.rank, fill)
-        for p in self.peers:
-            self.signals.set_passive(p)

@@ -24,6 +24,20 @@ def repeated_bytes(payload: torch.Tensor, nbytes: int) -> torch.Tensor:
     return raw.repeat(-(-nbytes // raw.numel()))[:nbytes]
 
 
+def make_passive(transport, payload: torch.Tensor) -> None:
+    """Every rank but ``transport``'s (a :class:`~radiance_ar.transport.copy_transport.CopyTransport`)
+    becomes a passive peer that never calls: its ``pub`` (and ``red``) hold ``payload``'s
+    bytes repeated from offset 0, and its flags pass every wait
+    (:meth:`radiance_ar.transport.signals.Signals.set_passive`). Host writes: after the
+    transport's ``ensure_capacity``, with no call in flight."""
+    fill = repeated_bytes(payload, transport.capacity)
+    for buf in (transport.buffers.pub, transport.buffers.red):
+        if buf is not None:
+            fill_other_ranks(buf, transport.world.rank, fill)
+    for p in transport.peers:
+        transport.signals.set_passive(p)
+
+
 def fill_other_ranks(buffer: PeerBuffer, rank: int, fill: torch.Tensor,
                      offsets: Sequence[int] = (0,)) -> None:
     """Copy ``fill`` into every rank's ``buffer`` but ``rank``'s, at each byte offset."""
