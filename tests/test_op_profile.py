@@ -1,0 +1,36 @@
+"""tools/op_profile.py's reading of a profiler trace (the GPU run itself is the tool's)."""
+
+import op_profile
+
+
+def _trace(*events):
+    return {"traceEvents": list(events)}
+
+
+def test_only_the_last_calls_device_events_are_kept_and_timed_from_its_first():
+    trace = _trace(
+        {"name": "op_profile.call", "ph": "X", "ts": 100, "dur": 5, "cat": "user_annotation"},
+        {"name": "gemm_a<bf16>(int)", "cat": "kernel", "ph": "X", "ts": 110, "dur": 50,
+         "args": {"stream": 7}},
+        {"name": "op_profile.call", "ph": "X", "ts": 1000, "dur": 5, "cat": "user_annotation"},
+        {"name": "Memcpy HtoD (Pinned -> Device)", "cat": "gpu_memcpy", "ph": "X", "ts": 1030,
+         "dur": 40, "args": {"stream": 9, "bytes": 4096}},
+        {"name": "gemm_a<bf16>(int)", "cat": "kernel", "ph": "X", "ts": 1010, "dur": 50,
+         "args": {"stream": 7}},
+        {"name": "decode(int)", "cat": "kernel", "ph": "X", "ts": 1060, "dur": 20,
+         "args": {"stream": 7}},
+        {"name": "cpu op", "cat": "cpu_op", "ph": "X", "ts": 1020, "dur": 500})
+    events = op_profile.last_call_events(trace)
+    assert [(e["name"], e["stream"], e["start_us"], e["end_us"]) for e in events] == [
+        ("gemm_a", 7, 0.0, 50.0), ("Memcpy HtoD (Pinned -> Device)", 9, 20.0, 60.0), ("decode", 7, 50.0, 70.0)]
+    assert events[1]["bytes"] == 4096
+
+
+def test_a_streams_busy_time_counts_overlapping_events_once():
+    events = [{"stream": 7, "start_us": 0.0, "end_us": 50.0},
+              {"stream": 7, "start_us": 40.0, "end_us": 70.0},
+              {"stream": 7, "start_us": 100.0, "end_us": 110.0},
+              {"stream": 9, "start_us": 20.0, "end_us": 60.0}]
+    streams = op_profile.per_stream(events)
+    assert streams["7"] == {"first_us": 0.0, "last_us": 110.0, "busy_us": 80.0}
+    assert streams["9"] == {"first_us": 20.0, "last_us": 60.0, "busy_us": 40.0}

@@ -1,0 +1,125 @@
+"""Where one replayed op call's device time goes: its kernels and copies, per stream.
+
+One active emulated rank against passive peers (as the compare tool times it, op calls
+replayed from captured graphs), profiled with ``torch.profiler`` (CUPTI records the
+kernels and copies a graph launches; stream waits and flag writes are not recorded, so
+a gap on a stream is a wait or idle time). After warm-up, ``--calls`` op calls run,
+each after a synchronize; the last is reported: every kernel and copy with its stream,
+start and end in us from the call's first event, and per stream the busy time.
+
+    python tools/op_profile.py --world 2 --m 8192 --slices 4 --backend sdma_wht6 --json out.json
+
+GPU only: the tool exits with an error where no CUDA/ROCm device is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import producer_inputs  # noqa: E402
+from emulated_measure import active_runtimes  # noqa: E402
+from world_measure import Case, shard  # noqa: E402
+from radiance_ar.overlap.op import forward  # noqa: E402
+from radiance_ar.transport.world import emulated_worlds  # noqa: E402
+
+#: device activity kinds the report keeps (the profiler's categories)
+DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def short_name(name: str) -> str:
+    """A kernel's or copy's name, cut to what tells it apart (templates and args dropped)."""
+    name = name.split("(")[0].split("<")[0]
+    return name if len(name) <= 48 else name[:45] + "..."
+
+
+def last_call_events(trace: dict) -> list[dict]:
+    """The device events of the last op call in a chrome ``trace``: those after the last
+    ``op_profile.call`` marker began (its host range; device work starts after it)."""
+    marks = [e for e in trace["traceEvents"] if e.get("name") == "op_profile.call"]
+    start = max(e["ts"] for e in marks)
+    events = [e for e in trace["traceEvents"]
+              if e.get("cat") in DEVICE_KINDS and e.get("ph") == "X" and e["ts"] >= start]
+    t0 = min(e["ts"] for e in events)
+    return sorted(({"name": short_name(e["name"]) if e["cat"] == "kernel" else e["name"],
+                    "kind": e["cat"],
+                    "stream": e.get("args", {}).get("stream", e.get("tid")),
+                    "start_us": round(e["ts"] - t0, 1), "end_us": round(e["ts"] + e["dur"] - t0, 1),
+                    "bytes": e.get("args", {}).get("bytes")} for e in events),
+                  key=lambda e: e["start_us"])
+
+
+def per_stream(events: list[dict]) -> dict:
+    """Stream -> first start, last end and busy us (its events' union) of one call."""
+    out: dict = {}
+    for e in events:
+        s = out.setdefault(str(e["stream"]), {"first_us": e["start_us"], "last_us": 0.0,
+                                               "busy_us": 0.0, "_end": 0.0})
+        s["busy_us"] += max(0.0, e["end_us"] - max(e["start_us"], s["_end"]))
+        s["_end"] = max(s["_end"], e["end_us"])
+        s["last_us"] = s["_end"]
+    for s in out.values():
+        s.pop("_end")
+        s["busy_us"] = round(s["busy_us"], 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", type=int, default=2, help="emulated ranks W (default 2)")
+    p.add_argument("--backend", default="sdma_wht6")
+    p.add_argument("--m", type=int, default=8192, help="rows M (default 8192)")
+    p.add_argument("--n", type=int, default=5120, help="columns N (default 5120)")
+    p.add_argument("--k", type=int, default=4352, help="inner size K (default 4352)")
+    p.add_argument("--slices", type=int, default=4, help="slices S (default 4)")
+    p.add_argument("--calls", type=int, default=5, help="profiled op calls (default 5)")
+    p.add_argument("--json", required=True, help="where the report goes")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("op_profile needs a CUDA/ROCm device; none is visible")
+    device = torch.device("cuda", 0)
+    case = Case(args.backend, args.m, args.n, args.k, args.slices, reps=args.calls, warmup=3)
+    world = emulated_worlds(args.world, device)[0]
+    rt, _ = active_runtimes(world, case, op_only=True)
+    try:
+        ops = producer_inputs.operands(case.producer, *shard(case, world.rank, device))
+        rt.backend.ensure_capacity(case.rows, case.cols, torch.bfloat16)
+        rt.backend.fill_passive_peers()
+        for _ in range(5):  # warm-up: kernels loaded, the call's graph captured
+            forward(rt, ops.x, ops.weight, ops.weight_scale, case.producer)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.calls):
+                with torch.profiler.record_function("op_profile.call"):
+                    forward(rt, ops.x, ops.weight, ops.weight_scale, case.producer)
+                torch.cuda.synchronize()
+        trace_path = args.json + ".trace.json"
+        prof.export_chrome_trace(trace_path)
+        with open(trace_path) as f:
+            events = last_call_events(json.load(f))
+        os.remove(trace_path)
+        report = {"W": args.world, "backend": args.backend, "M": args.m, "N": args.n,
+                  "K": args.k, "slices": args.slices, "op_graphs": rt.graph_reason() or "replayed",
+                  "call_us": max(e["end_us"] for e in events), "streams": per_stream(events),
+                  "events": events}
+    finally:
+        rt.close()
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"{args.backend} W={args.world} M={args.m} S={args.slices} ({report['op_graphs']}): "
+          f"{report['call_us']:.1f} us")
+    for e in events:
+        print(f"  {e['stream']:>6} {e['start_us']:8.1f} {e['end_us']:8.1f}  {e['kind']:10} "
+              f"{e['name']} {e['bytes'] or ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
