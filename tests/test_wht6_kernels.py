@@ -234,6 +234,58 @@ def test_interpreter_range():
     _under_interpreter("check_range_kernels('cpu')")
 
 
+def check_reduce_encode(device: str, cases: list, seed: int = 7) -> None:
+    """The fused reduce-encode kernel, for (rows, cols, dtype, _) cases and 1, 3 and 8
+    payloads (a NaN block in one): the bytes the decode-accumulate and encode kernels give
+    one after the other on ``device`` (the same tile math, so identical), into a payload
+    poisoned with 0x00 and with 0xFF (every byte written), and the reference's encode of
+    that sum (the decode kernel is held to the reference above) within its one-step moves.
+    Not for one payload: its decode lies on the codec's own levels and sub-scales, where a
+    last-bit difference of the rotation moves a sub-scale a step and with it every code of
+    the sub-block (fp32, 2 x 256: 21 of 512 codes), beyond that bound's 1e-3."""
+    from radiance_ar.wht6.wht6_decode_accumulate import wht6_decode_accumulate
+    from radiance_ar.wht6.wht6_encode import wht6_encode
+    from radiance_ar.wht6.wht6_reduce_encode import wht6_reduce_encode
+
+    kinds = ["gaussian", "student_t3", "outlier_channels", "outlier_tokens"]
+    for i, (rows, cols, dtype, _) in enumerate(cases):
+        xs = [make(kinds[(i + w) % 4], rows, cols, seed + 10 * i + w).to(dtype) for w in range(8)]
+        xs[1][rows - 1, cols // 2] = float("nan")
+        pays = [ref.encode(x) for x in xs]
+        for n in (1, 3, 8):
+            dev = [p.to(device) for p in pays[:n]]
+            total = wht6_decode_accumulate(dev, (rows, cols), dtype)
+            two = wht6_encode(total).cpu()
+            for poison in (0x00, 0xFF):
+                got = torch.full(wht6.payload_shape(rows, cols), poison, dtype=torch.uint8,
+                                 device=device)
+                wht6_reduce_encode(dev, (rows, cols), dtype, got)
+                assert torch.equal(got.cpu(), two), (rows, cols, dtype, n, poison)
+            if n > 1:  # one payload decoded sits on the codec's grid: see the doc
+                assert_payloads_agree(two, ref.encode(total.cpu()), total.float().cpu())
+
+
+def test_interpreter_reduce_encode_is_decode_then_encode():
+    _under_interpreter("check_reduce_encode('cpu', t.INTERPRETER_CASES)")
+
+
+def test_reduce_encode_on_cpu_is_the_reference_composition():
+    pays = [ref.encode(make("gaussian", 3, 512, seed=w).to(torch.bfloat16)) for w in range(3)]
+    out = torch.full(wht6.payload_shape(3, 512), 0xFF, dtype=torch.uint8)
+    wht6.reduce_encode(pays, (3, 512), torch.bfloat16, out=out)
+    assert torch.equal(out, ref.encode(ref.decode_accumulate(pays, (3, 512), torch.bfloat16)))
+    with pytest.raises(ValueError, match="payloads\\[1\\] must have shape"):
+        wht6.reduce_encode([pays[0], pays[1][:2]], (3, 512), torch.bfloat16)
+    with pytest.raises(ValueError, match="out must have shape"):
+        wht6.reduce_encode(pays, (3, 512), torch.bfloat16, out=out[:2])
+
+
+@pytest.mark.gpu
+def test_gpu_reduce_encode_is_decode_then_encode():
+    check_reduce_encode("cuda", [(1, 256, torch.bfloat16, 0), (37, 5120, torch.bfloat16, 0),
+                                 (300, 1536, torch.float16, 0), (5, 768, torch.float32, 0)])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_kernels_match_reference(dtype):

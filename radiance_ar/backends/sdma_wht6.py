@@ -37,16 +37,16 @@ row i encodes output row i only, so a shard is a payload of its own)::
 
     stream r : fence | encode(slice) -> pub_r | ready_r = t          (as one-shot)
                | for p: wait ready_p == t, pull shard r of pub_p -> recv_p
-               | decode_accumulate(shard r of pub_r, recv_p.. in rank order) -> out[shard r]
-               | encode(out[shard r]) -> G[shard r] | (host buffers: D2H -> red_r)
+               | reduce_encode(shard r of pub_r, recv_p.. in rank order) -> G[shard r]
+                 (= encode(decode_accumulate(...)), one kernel) | (host buffers: D2H -> red_r)
                | reduced_r = t | for p: wait reduced_p == t, pull shard p of red_p -> G[shard p]
                | done_r = t | decode(G) -> out
 
 G, the gathered payload, is ``red_r`` itself where it is this rank's memory (gpu-symm,
 CPU worlds) and its device stage where buffers are host memory (gpu-emulated, gpu-host):
 every shard sits at its own rows there, in ``red`` as in G, so ONE decode of all rows ends
-the call (3 + 1 codec launches whatever W; decoding shard by shard would take 3 + W, and in
-the op each launch is host time per slice). Peers read only rows ``shard r`` of ``red_r``; the other rows
+the call (3 codec launches whatever W: encode, reduce-encode, decode; decoding shard by
+shard would take 2 + W). Peers read only rows ``shard r`` of ``red_r``; the other rows
 take this rank's pulls. Rank r decodes its own re-encoded shard too, so out =
 decode(encode(sum)) holds the same bits on every rank. ``red`` is written after the
 call's fence of ``pub`` (payloads start at offset 0 of ``pub``, so the fence orders
@@ -200,14 +200,18 @@ class SdmaWht6Backend(TransportBackend):
         variant per divisibility of ``n_sub = rows * cols / 32`` by 16: 1 and 2 rows give
         both where both exist. Warming 1 row only leaves a variant to compile at a first
         call, while a rank's stream may wait on a peer (docs/history.md). Two-shot also
-        decodes ONE payload (a variant of its own: Triton specializes an argument of 1)."""
+        decodes ONE payload (a variant of its own: Triton specializes an argument of 1),
+        and reduces and encodes W."""
         refuse_growth_in_capture("sdma_wht6 codec warm-up", self.world.device)
-        counts = {self.world.size} | ({1} if self.may_use_twoshot() else set())
+        twoshot = self.may_use_twoshot()
+        counts = {self.world.size} | ({1} if twoshot else set())
         for rows in (1, 2):
             x = torch.zeros(rows, cols, dtype=dtype, device=self.world.device)
             payload = wht6.encode(x)
             for n in sorted(counts):
                 wht6.decode_accumulate([payload] * n, (rows, cols), dtype)
+            if twoshot:
+                wht6.reduce_encode([payload] * self.world.size, (rows, cols), dtype)
         torch.cuda.synchronize(self.world.device)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
@@ -321,16 +325,15 @@ class SdmaWht6Backend(TransportBackend):
                for p in tr.peers}
         tr.pull_from("ready", t, [(p, got[p].data_ptr(), lo * rb, (hi - lo) * rb)
                                   for p in tr.peers], stream, what)
-        if hi > lo:
-            shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
-            with traced(tr.trace, stream, "decode_accumulate"):
-                wht6.decode_accumulate(shards, (hi - lo, cols), out.dtype, out=out[lo:hi])
         # The gathered payload: every rank's re-encoded shard at its own rows, so one
-        # decode ends the call. Mine is encoded into it and published from it.
+        # decode ends the call. Mine is reduced and encoded into it (one kernel: each
+        # launch here waits for the SMs of the GEMM slice then running, in the op) and
+        # published from it.
         gathered = tr.buffers.source("red")[at:at + rows * rb].view(rows, rb)
         if hi > lo:
-            with traced(tr.trace, stream, "encode reduced"):
-                wht6.encode(out[lo:hi], out=gathered[lo:hi])
+            shards = [encoded[lo:hi] if q == r else got[q] for q in range(size)]
+            with traced(tr.trace, stream, "reduce and encode"):
+                wht6.reduce_encode(shards, (hi - lo, cols), out.dtype, out=gathered[lo:hi])
         tr.publish(t, "reduced", lo * rb if tr.buffers.staged else None,
                    gathered.data_ptr() + lo * rb, (hi - lo) * rb, stream)
         # Compressed all-gather: every peer's re-encoded shard into its rows.

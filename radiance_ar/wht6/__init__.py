@@ -1,6 +1,6 @@
 """wht6: a 6.25-bit Walsh-Hadamard codec for compressed all-reduce.
 
-Public API: ``encode``, ``decode``, ``decode_accumulate``, ``bits_per_value``,
+Public API: ``encode``, ``decode``, ``decode_accumulate``, ``reduce_encode``, ``bits_per_value``,
 ``payload_shape``, ``cols_reason``, and the format constants and sizes, defined once in
 ``reference.py`` (every other module imports them from here): ``BLOCK``, ``SUB``,
 ``GROUP``, ``BLOCK_BYTES``, ``SCALE_MIN``, ``padded_cols``, ``payload_bytes_per_row``.
@@ -81,7 +81,7 @@ from .reference import BLOCK, BLOCK_BYTES, GROUP, SCALE_MIN, SUB, padded_cols, p
 
 __all__ = ["BLOCK", "BLOCK_BYTES", "GROUP", "MAX_PAYLOADS", "SCALE_MIN", "SUB", "payload_bytes",
            "SUM_REL_RMS_BOUND", "bits_per_value", "cols_reason", "decode", "decode_accumulate",
-           "encode", "padded_cols", "payload_bytes_per_row", "payload_shape"]
+           "encode", "padded_cols", "payload_bytes_per_row", "payload_shape", "reduce_encode"]
 
 #: bound on the relative RMS error of a decode_accumulate of W encoded bf16 tensors vs
 #: their exact sum, on Gaussian-like data: one payload's error is ~0.021 relative
@@ -204,9 +204,8 @@ def decode(payload: torch.Tensor, shape, dtype: torch.dtype, out: torch.Tensor =
     return result if out is None else out.copy_(result)
 
 
-def decode_accumulate(payloads: list, shape, dtype: torch.dtype, out: torch.Tensor = None) -> torch.Tensor:
-    """Sum of the tensors encoded in ``payloads`` (fp32 sum in list order in the rotated
-    domain, one inverse rotation, rounded once to ``dtype``), into ``out`` if given."""
+def _check_payloads(payloads, shape, dtype) -> tuple:
+    """(rows, cols, device) of a call on a list of payloads of [rows, cols] tensors."""
     rows, cols = _check_shape(shape)
     _check_dtype(dtype)
     if not isinstance(payloads, (list, tuple)) or not payloads:
@@ -214,14 +213,34 @@ def decode_accumulate(payloads: list, shape, dtype: torch.dtype, out: torch.Tens
     device = payloads[0].device if isinstance(payloads[0], torch.Tensor) else None
     for i, p in enumerate(payloads):
         _check_payload(f"payloads[{i}]", p, rows, cols, device)
+    if device.type == "cuda" and len(payloads) > MAX_PAYLOADS:
+        raise ValueError(f"at most {MAX_PAYLOADS} payloads per call on the GPU, got {len(payloads)}")
+    return rows, cols, device
+
+
+def decode_accumulate(payloads: list, shape, dtype: torch.dtype, out: torch.Tensor = None) -> torch.Tensor:
+    """Sum of the tensors encoded in ``payloads`` (fp32 sum in list order in the rotated
+    domain, one inverse rotation, rounded once to ``dtype``), into ``out`` if given."""
+    rows, cols, device = _check_payloads(payloads, shape, dtype)
     if out is not None:
         _check_values("out", out, (rows, cols), dtype)
         if out.device != device:
             raise ValueError(f"out is on {out.device}, expected {device}")
     if device.type == "cuda":
-        if len(payloads) > MAX_PAYLOADS:
-            raise ValueError(f"at most {MAX_PAYLOADS} payloads per call on the GPU, got {len(payloads)}")
         from radiance_ar.wht6.wht6_decode_accumulate import wht6_decode_accumulate
         return wht6_decode_accumulate(list(payloads), (rows, cols), dtype, out)
     result = reference.decode_accumulate(list(payloads), (rows, cols), dtype)
     return result if out is None else out.copy_(result)
+
+
+def reduce_encode(payloads: list, shape, dtype: torch.dtype, out: torch.Tensor = None) -> torch.Tensor:
+    """``encode(decode_accumulate(payloads, shape, dtype))``, the payload of the sum
+    rounded to ``dtype`` (into ``out`` if given): on the GPU one kernel that never
+    writes the sum (``wht6_reduce_encode``), the same bytes as the two."""
+    rows, cols, device = _check_payloads(payloads, shape, dtype)
+    if out is not None:
+        _check_payload("out", out, rows, cols, device)
+    if device.type == "cuda":
+        from radiance_ar.wht6.wht6_reduce_encode import wht6_reduce_encode
+        return wht6_reduce_encode(list(payloads), (rows, cols), dtype, out)
+    return encode(reference.decode_accumulate(list(payloads), (rows, cols), dtype), out)
