@@ -35,16 +35,12 @@ for the newest overlapping one. ``red`` mirrors ``pub``'s layout (a call's shard
 inside its ``pub`` range) and is written after that call's fence, so the same fence
 covers it. The receive buffers are private and stream-ordered.
 
-Worlds (docs/design.md, 'Worlds'): ``cpu-shm`` (host copies and spins), ``gpu-symm``
-(buffers and flags in symmetric memory), ``gpu-emulated`` (W ranks on one GPU, buffers
-and flags in pinned host memory: a rank writes what it publishes into a private device
-``stage``, the publish is a D2H copy and pulls are H2D copies, so every cross-rank byte
-crosses the host link), ``gpu-host`` (a process per rank, buffers and flags in shared
-host memory registered with each rank's runtime: staged, published and pulled as in
-gpu-emulated, publish lane included). Emulated ranks are driven from one host thread, so a
-rank's stream may block on a flag that a LATER host call of a peer posts, and any implicit
-device synchronization in between (a first kernel load, a cudaFree) deadlocks: a
-backend loads its kernels in ``ensure_capacity``, which runs on every rank first.
+Worlds (docs/design.md, 'Worlds'): in ``gpu-emulated`` (W ranks on one GPU) and
+``gpu-host`` (a process per rank) buffers and flags are host memory: a rank writes what it
+publishes into a private device ``stage``, publishes D2H and pulls H2D. Emulated ranks are
+driven from one host thread, so a rank's stream may block on a flag that a LATER host call
+of a peer posts, and any implicit device synchronization in between (a first kernel load, a
+cudaFree) deadlocks: a backend loads its kernels in ``ensure_capacity``, on every rank first.
 
 Epochs are host integers passed by value into the wait/write operations, so a captured
 CUDA graph would replay stale epochs. A graph of whole op calls is captured in a token
@@ -214,12 +210,10 @@ class CopyTransport:
 
     @contextlib.contextmanager
     def decode_beside(self, stream: int) -> Iterator[int]:
-        """Where the kernels enqueued inside run, yielded as the handle to trace them on:
-        inside an overlapped block with a decode lane, on the lane after ``stream``'s work
-        so far, so the block's next call does not wait for them (the module doc of
-        :mod:`radiance_ar.transport.side_lanes`); else on ``stream``. They may read and
-        write only bytes that no later call of the block touches (this call's own
-        receive bytes, stage rows and output rows); the caller joins at the block's end."""
+        """Where the kernels enqueued inside run (yields the handle): inside an overlapped
+        block with a decode lane, on the lane after ``stream``'s work so far
+        (:mod:`radiance_ar.transport.side_lanes`), else on ``stream``. They may touch only
+        bytes no later call of the block touches; the caller joins at the block's end."""
         if self.decode_lane is None or not self._overlap_depth:
             yield stream
             return
