@@ -101,6 +101,7 @@ class CopyTransport:
         #: (:meth:`decode_beside`)
         self.decode_lane = SideLane(world.device, steps=1) if staged_peers and decode_lane else None
         self._overlap_depth = 0  # nesting of :meth:`overlapped`
+        self._decode_lane_off = False  # inside some captures (:meth:`capture_round`)
         self.signals: Signals | None = None
         if size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
@@ -214,7 +215,7 @@ class CopyTransport:
         block with a decode lane, on the lane after ``stream``'s work so far
         (:mod:`radiance_ar.transport.side_lanes`), else on ``stream``. They may touch only
         bytes no later call of the block touches; the caller joins at the block's end."""
-        if self.decode_lane is None or not self._overlap_depth:
+        if self.decode_lane is None or not self._overlap_depth or self._decode_lane_off:
             yield stream
             return
         with self.decode_lane.current(self.engine.stream(stream)) as handle:
@@ -333,11 +334,20 @@ class CopyTransport:
         captured, the buffers are held (they may not grow)."""
         if not isinstance(self.signals, GpuSignals):
             raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
-        with self.buffers.in_graph(), self.engine.in_graph() as node_params, \
-                tokens.capture_round(self.signals, self.call_streams, self.peers,
-                                     self.world.device, end, entry) as rnd:
-            rnd.node_params = node_params
-            yield rnd
+        # One process driving emulated ranks with active peers: a capture that also forks
+        # the decode lane blocked for good in capture_end (H200, tests/test_graphs_gpu.py,
+        # as two call streams did, call_streams.caller_only); its decodes stay on the call.
+        lane_off = (self.decode_lane is not None and self.world.kind == "gpu-emulated"
+                    and not self.all_passive)
+        self._decode_lane_off, was = lane_off, self._decode_lane_off
+        try:
+            with self.buffers.in_graph(), self.engine.in_graph() as node_params, \
+                    tokens.capture_round(self.signals, self.call_streams, self.peers,
+                                         self.world.device, end, entry) as rnd:
+                rnd.node_params = node_params
+                yield rnd
+        finally:
+            self._decode_lane_off = was
         self.held = self.held or entry is not None
 
     def before_replay(self, stream: int) -> None:
