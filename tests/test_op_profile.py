@@ -9,10 +9,10 @@ def _trace(*events):
 
 def test_only_the_last_calls_device_events_are_kept_and_timed_from_its_first():
     trace = _trace(
-        {"name": "op_profile.call", "ph": "X", "ts": 100, "dur": 5, "cat": "user_annotation"},
+        {"name": "void spin_kernel(long)", "cat": "kernel", "ph": "X", "ts": 100, "dur": 5},
         {"name": "gemm_a<bf16>(int)", "cat": "kernel", "ph": "X", "ts": 110, "dur": 50,
          "args": {"stream": 7}},
-        {"name": "op_profile.call", "ph": "X", "ts": 1000, "dur": 5, "cat": "user_annotation"},
+        {"name": "void spin_kernel(long)", "cat": "kernel", "ph": "X", "ts": 995, "dur": 5},
         {"name": "Memcpy HtoD (Pinned -> Device)", "cat": "gpu_memcpy", "ph": "X", "ts": 1030,
          "dur": 40, "args": {"stream": 9, "bytes": 4096}},
         {"name": "gemm_a<bf16>(int)", "cat": "kernel", "ph": "X", "ts": 1010, "dur": 50,

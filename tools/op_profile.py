@@ -4,7 +4,7 @@ One active emulated rank against passive peers (as the compare tool times it, op
 replayed from captured graphs), profiled with ``torch.profiler`` (CUPTI records the
 kernels and copies a graph launches; stream waits and flag writes are not recorded, so
 a gap on a stream is a wait or idle time). After warm-up, ``--calls`` op calls run,
-each after a synchronize; the last is reported: every kernel and copy with its stream,
+each after a synchronize and a marker kernel; the last is reported: every kernel and copy with its stream,
 start and end in us from the call's first event, and per stream the busy time.
 
     python tools/op_profile.py --world 2 --m 8192 --slices 4 --backend sdma_wht6 --json out.json
@@ -31,6 +31,8 @@ from radiance_ar.transport.world import emulated_worlds  # noqa: E402
 
 #: device activity kinds the report keeps (the profiler's categories)
 DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: the name of the kernel ``torch.cuda._sleep`` launches: the mark before each call
+MARKER = "spin_kernel"
 
 
 def short_name(name: str) -> str:
@@ -40,12 +42,13 @@ def short_name(name: str) -> str:
 
 
 def last_call_events(trace: dict) -> list[dict]:
-    """The device events of the last op call in a chrome ``trace``: those after the last
-    ``op_profile.call`` marker began (its host range; device work starts after it)."""
-    marks = [e for e in trace["traceEvents"] if e.get("name") == "op_profile.call"]
-    start = max(e["ts"] for e in marks)
-    events = [e for e in trace["traceEvents"]
-              if e.get("cat") in DEVICE_KINDS and e.get("ph") == "X" and e["ts"] >= start]
+    """The device events of the last op call in a chrome ``trace``: those after the end of
+    the last marker kernel (``torch.cuda._sleep``'s ``spin_kernel``, launched before each
+    call after a synchronize). A device clock, not the host's: the host range of a call
+    was seen 0.4 ms off its device work on the H200."""
+    device = [e for e in trace["traceEvents"] if e.get("cat") in DEVICE_KINDS and e.get("ph") == "X"]
+    start = max(e["ts"] + e["dur"] for e in device if MARKER in e["name"])
+    events = [e for e in device if e["ts"] >= start and MARKER not in e["name"]]
     t0 = min(e["ts"] for e in events)
     return sorted(({"name": short_name(e["name"]) if e["cat"] == "kernel" else e["name"],
                     "kind": e["cat"],
@@ -97,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(args.calls):
-                with torch.profiler.record_function("op_profile.call"):
-                    forward(rt, ops.x, ops.weight, ops.weight_scale, case.producer)
+                torch.cuda._sleep(1000)  # the mark (MARKER): about a microsecond
+                forward(rt, ops.x, ops.weight, ops.weight_scale, case.producer)
                 torch.cuda.synchronize()
         trace_path = args.json + ".trace.json"
         prof.export_chrome_trace(trace_path)
