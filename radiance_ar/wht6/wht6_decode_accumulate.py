@@ -29,13 +29,6 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _nth(w, p1, p2, p3, p4, p5, p6, p7):
-    """Payload pointer number w (1..7, a run-time value)."""
-    return tl.where(w == 1, p1, tl.where(w == 2, p2, tl.where(w == 3, p3, tl.where(
-        w == 4, p4, tl.where(w == 5, p5, tl.where(w == 6, p6, p7))))))
-
-
-@triton.jit
 def wht6_decode_accumulate_kernel(
     p0, p1, p2, p3, p4, p5, p6, p7,  # *uint8 payloads [rows, 25 * cols / 32]; the first n_payloads are read
     out_ptr,  # *bf16/fp16/fp32, output [rows, cols], unit column stride
@@ -48,26 +41,15 @@ def wht6_decode_accumulate_kernel(
     T: tl.constexpr,  # sub-blocks per program, a multiple of 32 * num_warps
 ):
     row, j, ok = wht6_tile.tile_of(tl.program_id(0), T, n_sub, subs_per_row)
-    a0, a1, a2, a3, sbits = wht6_tile_decode.load_dequantize(p0, row, j, ok, subs_per_row, pay_row_bytes, levels)
-    # A run-time loop, not an unrolled one: unrolled, the compiler hoists all W
-    # payloads' loads and the kernel runs out of registers.
-    for w in range(1, n_payloads):
-        b0, b1, b2, b3, bits = wht6_tile_decode.load_dequantize(
-            _nth(w, p1, p2, p3, p4, p5, p6, p7), row, j, ok, subs_per_row, pay_row_bytes, levels)
-        a0 += b0
-        a1 += b1
-        a2 += b2
-        a3 += b3
-        sbits = tl.maximum(sbits, bits)
+    a0, a1, a2, a3, sbits = wht6_tile_decode.sum_payloads(p0, p1, p2, p3, p4, p5, p6, p7, n_payloads,
+                                                          row, j, ok, subs_per_row, pay_row_bytes, levels)
     x0, x1, x2, x3 = wht6_tile_decode.decode_tile(a0, a1, a2, a3, sbits, out_ptr.dtype.element_ty, T)
     wht6_tile.store_values(out_ptr, row, j, ok, out_row_stride, 0, x0, x1, x2, x3, False)
 
 
-def wht6_decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype,
-                           out: torch.Tensor = None, launch_shape: tuple = None) -> torch.Tensor:
-    """Sum of the payloads' tensors as [rows, cols] of ``dtype`` (``out`` if given).
-    ``launch_shape``: a (T, num_warps) instead of the table's (``wht6_launch``; the
-    sweep's). Checks, allocates, launches."""
+def check_payloads(payloads: list, shape: tuple, dtype: torch.dtype) -> tuple:
+    """(payload shape, sub-blocks) of a kernel call summing ``payloads`` of [rows, cols]
+    tensors into ``dtype``; ``ValueError`` naming what is wrong."""
     rows, cols = shape
     if cols % reference.BLOCK or dtype not in DTYPES:
         raise ValueError(f"need cols % {reference.BLOCK} == 0 and a bf16/fp16/fp32 dtype, got {shape} {dtype}")
@@ -77,18 +59,33 @@ def wht6_decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype,
     for i, p in enumerate(payloads):
         if p.dtype != torch.uint8 or tuple(p.shape) != pay_shape or not p.is_contiguous():
             raise ValueError(f"payloads[{i}] must be a contiguous uint8 tensor of shape {pay_shape}")
+    n_sub = rows * cols // reference.SUB
+    if n_sub >= 2**31:
+        raise ValueError(f"{rows}x{cols} is over 2**36 values; use row slices")
+    return pay_shape, n_sub
+
+
+def padded_payloads(payloads: list) -> list:
+    """The kernel's 8 payload arguments: ``payloads`` and the first repeated (never read)."""
+    return list(payloads) + [payloads[0]] * (MAX_PAYLOADS - len(payloads))
+
+
+def wht6_decode_accumulate(payloads: list, shape: tuple, dtype: torch.dtype,
+                           out: torch.Tensor = None, launch_shape: tuple = None) -> torch.Tensor:
+    """Sum of the payloads' tensors as [rows, cols] of ``dtype`` (``out`` if given).
+    ``launch_shape``: a (T, num_warps) instead of the table's (``wht6_launch``; the
+    sweep's). Checks, allocates, launches."""
+    rows, cols = shape
+    pay_shape, n_sub = check_payloads(payloads, shape, dtype)
     if out is None:
         out = torch.empty((rows, cols), dtype=dtype, device=payloads[0].device)
     elif tuple(out.shape) != (rows, cols) or out.dtype != dtype or out.stride(1) != 1:
         raise ValueError(f"out must be {dtype} of shape {(rows, cols)} with unit column stride")
-    n_sub = rows * cols // reference.SUB
-    if n_sub >= 2**31:
-        raise ValueError(f"{rows}x{cols} is over 2**36 values; decode it in row slices")
     t, warps = (wht6_launch.decode_shape(len(payloads)) if launch_shape is None
                 else wht6_launch.check_shape(launch_shape))
     if n_sub == 0:
         return out
-    padded = list(payloads) + [payloads[0]] * (MAX_PAYLOADS - len(payloads))
+    padded = padded_payloads(payloads)
     launch(
         wht6_decode_accumulate_kernel, (triton.cdiv(n_sub, t),),
         *padded, out, wht6_launch.levels(out.device), n_sub, cols // reference.SUB, out.stride(0),

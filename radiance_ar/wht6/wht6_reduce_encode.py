@@ -24,7 +24,7 @@ import triton.language as tl
 from radiance_ar.launch.fast_launch import launch
 from radiance_ar.wht6 import wht6_launch, wht6_tile, wht6_tile_decode, wht6_tile_encode
 from radiance_ar.wht6 import reference
-from radiance_ar.wht6.wht6_decode_accumulate import DTYPES, MAX_PAYLOADS, _nth
+from radiance_ar.wht6.wht6_decode_accumulate import check_payloads, padded_payloads
 
 
 @triton.jit
@@ -41,16 +41,8 @@ def wht6_reduce_encode_kernel(
     NV_SQRT: tl.constexpr,  # NVIDIA's sqrt fast path (wht6_tile): CUDA only
 ):
     row, j, ok = wht6_tile.tile_of(tl.program_id(0), T, n_sub, subs_per_row)
-    a0, a1, a2, a3, sbits = wht6_tile_decode.load_dequantize(p0, row, j, ok, subs_per_row, pay_row_bytes, levels)
-    # A run-time loop, as in wht6_decode_accumulate (unrolled, it runs out of registers).
-    for w in range(1, n_payloads):
-        b0, b1, b2, b3, bits = wht6_tile_decode.load_dequantize(
-            _nth(w, p1, p2, p3, p4, p5, p6, p7), row, j, ok, subs_per_row, pay_row_bytes, levels)
-        a0 += b0
-        a1 += b1
-        a2 += b2
-        a3 += b3
-        sbits = tl.maximum(sbits, bits)
+    a0, a1, a2, a3, sbits = wht6_tile_decode.sum_payloads(p0, p1, p2, p3, p4, p5, p6, p7, n_payloads,
+                                                          row, j, ok, subs_per_row, pay_row_bytes, levels)
     x0, x1, x2, x3 = wht6_tile_decode.decode_tile(a0, a1, a2, a3, sbits, SUM_DTYPE, T)
     # Masked lanes (whole blocks past n_sub) code values that are never stored.
     nib, high, rec = wht6_tile_encode.encode_tile(x0.to(tl.float32), x1.to(tl.float32),
@@ -67,25 +59,15 @@ def wht6_reduce_encode(payloads: list, shape: tuple, dtype: torch.dtype,
     """The payload of the payloads' sum rounded to ``dtype`` (``out`` if given), shape
     [rows, cols] the tensors'. Checks, allocates, launches."""
     rows, cols = shape
-    if cols % reference.BLOCK or dtype not in DTYPES:
-        raise ValueError(f"need cols % {reference.BLOCK} == 0 and a bf16/fp16/fp32 dtype, got {shape} {dtype}")
-    if not 1 <= len(payloads) <= MAX_PAYLOADS:
-        raise ValueError(f"need 1..{MAX_PAYLOADS} payloads, got {len(payloads)}")
-    pay_shape = (rows, reference.payload_bytes_per_row(cols))
-    for i, p in enumerate(payloads):
-        if p.dtype != torch.uint8 or tuple(p.shape) != pay_shape or not p.is_contiguous():
-            raise ValueError(f"payloads[{i}] must be a contiguous uint8 tensor of shape {pay_shape}")
+    pay_shape, n_sub = check_payloads(payloads, shape, dtype)
     if out is None:
         out = torch.empty(pay_shape, dtype=torch.uint8, device=payloads[0].device)
     elif out.dtype != torch.uint8 or tuple(out.shape) != pay_shape or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous uint8 tensor of shape {pay_shape}")
-    n_sub = rows * cols // reference.SUB
-    if n_sub >= 2**31:
-        raise ValueError(f"{rows}x{cols} is over 2**36 values; reduce it in row slices")
     t, warps = wht6_launch.decode_shape(len(payloads))
     if n_sub == 0:
         return out
-    padded = list(payloads) + [payloads[0]] * (MAX_PAYLOADS - len(payloads))
+    padded = padded_payloads(payloads)
     launch(
         wht6_reduce_encode_kernel, (triton.cdiv(n_sub, t),),
         *padded, out, wht6_launch.levels(out.device), n_sub, cols // reference.SUB,

@@ -15,6 +15,7 @@ overflows; a block holding a value that rounds to +-Inf in the output dtype is N
 
 Helpers:
   load_dequantize(pay, row, j, ok, subs_per_row, pay_row_bytes, levels) -> a0..a3, scale bits
+  sum_payloads(p0..p7, n_payloads, row, j, ok, subs_per_row, pay_row_bytes, levels) -> the same, summed
   decode_tile(a0..a3, sbits, OUT_DTYPE, T) -> x0..x3 [T, 8] OUT_DTYPE
 """
 import triton
@@ -89,6 +90,32 @@ def load_dequantize(pay, row, j, ok, subs_per_row, pay_row_bytes, levels,
     a2 = _dequantize(n2, h23 & 0xFFFF, sub_scale, levels, mags, GATHER)
     a3 = _dequantize(n3, (h23 >> 16) & 0xFFFF, sub_scale, levels, mags, GATHER)
     return a0, a1, a2, a3, scale_bits
+
+
+@triton.jit
+def _nth(w, p1, p2, p3, p4, p5, p6, p7):
+    """Payload pointer number w (1..7, a run-time value)."""
+    return tl.where(w == 1, p1, tl.where(w == 2, p2, tl.where(w == 3, p3, tl.where(
+        w == 4, p4, tl.where(w == 5, p5, tl.where(w == 6, p6, p7))))))
+
+
+@triton.jit
+def sum_payloads(p0, p1, p2, p3, p4, p5, p6, p7, n_payloads, row, j, ok, subs_per_row,
+                 pay_row_bytes, levels):
+    """``load_dequantize`` of the first ``n_payloads`` payloads (1..8, in order p0, p1, ...),
+    summed in fp32 in that order, and the max of their scale bits."""
+    a0, a1, a2, a3, sbits = load_dequantize(p0, row, j, ok, subs_per_row, pay_row_bytes, levels)
+    # A run-time loop, not an unrolled one: unrolled, the compiler hoists all W
+    # payloads' loads and the kernel runs out of registers.
+    for w in range(1, n_payloads):
+        b0, b1, b2, b3, bits = load_dequantize(
+            _nth(w, p1, p2, p3, p4, p5, p6, p7), row, j, ok, subs_per_row, pay_row_bytes, levels)
+        a0 += b0
+        a1 += b1
+        a2 += b2
+        a3 += b3
+        sbits = tl.maximum(sbits, bits)
+    return a0, a1, a2, a3, sbits
 
 
 @triton.jit
