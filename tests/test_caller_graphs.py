@@ -260,7 +260,7 @@ def test_a_transport_captured_by_a_caller_holds_its_buffers(fails):
         signals=signals, buffers=SimpleNamespace(in_graph=graph_forms),
         engine=SimpleNamespace(in_graph=graph_forms), call_streams=CallStreams(CPU, 1, None),
         peers=[1], world=SimpleNamespace(device=CPU), held=False, owner="sdma", capacity=1024,
-        decode_lane=None, _decode_lane_off=False)
+        decode_lane=None)
     with contextlib.suppress(RuntimeError):
         with CopyTransport.capture_round(transport, lambda: None, entry=SIG):
             if fails:

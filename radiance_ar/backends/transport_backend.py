@@ -181,7 +181,7 @@ class TransportBackend(Backend):
                 return reason
         if self.transport.trace is not None:
             return "a step trace is recording (it times each step as it is enqueued)"
-        if self.world.kind == "gpu-emulated" and not forced and not self.transport.all_passive:
+        if not forced and self.transport.peers_parked_here:
             # One host thread drives every rank: a capture made while a peer's replay is
             # parked on this rank's flags blocks for good in capture_end (H200, W = 4,
             # CUDA 13.0, tools/results/2026-12-04-h200-graphs/). Timing with passive peers

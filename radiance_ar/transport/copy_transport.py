@@ -62,7 +62,7 @@ from radiance_ar.transport.copy_engine import CopyEngine, copy_bytes, dedicated_
 from radiance_ar.transport.gpu_signals import GpuSignals
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.buffers import grown_size, refuse_growth_in_capture
-from radiance_ar.transport.side_lanes import SideLane
+from radiance_ar.transport.side_lanes import DecodeLane, SideLane
 from radiance_ar.transport.signals import FLAG_BYTES, CpuSignals, Signals
 from radiance_ar.transport import tokens
 from radiance_ar.transport.tokens import TokenRound, inbox_bytes
@@ -99,9 +99,8 @@ class CopyTransport:
         self.lane = SideLane(world.device, steps=2) if staged_peers else None
         #: host-memory worlds: the kernels that end a call of an overlapped block
         #: (:meth:`decode_beside`)
-        self.decode_lane = SideLane(world.device, steps=1) if staged_peers and decode_lane else None
-        self._overlap_depth = 0  # nesting of :meth:`overlapped`
-        self._decode_lane_off = False  # inside some captures (:meth:`capture_round`)
+        self.decode_lane = (DecodeLane(world.device, self._caller_stream)
+                            if staged_peers and decode_lane else None)
         self.signals: Signals | None = None
         if size > 1:
             flags = world.memory.allocate("sdma.flags", FLAG_BYTES)
@@ -199,15 +198,9 @@ class CopyTransport:
         """A block whose calls may overlap each other; the caller's stream waits for all
         of them (:meth:`radiance_ar.transport.call_streams.CallStreams.overlapped`) and for
         the decode lane at its end, also when it raises."""
-        with self.call_streams.overlapped():
-            self._overlap_depth += 1
-            try:
-                yield
-            finally:
-                self._overlap_depth -= 1
-                if not self._overlap_depth and self.decode_lane is not None:
-                    self.decode_lane.join(
-                        self.engine.stream(current_stream_handle(self.world.device)))
+        lane = self.decode_lane.block() if self.decode_lane is not None else contextlib.nullcontext()
+        with self.call_streams.overlapped(), lane:
+            yield
 
     @contextlib.contextmanager
     def decode_beside(self, stream: int) -> Iterator[int]:
@@ -215,11 +208,14 @@ class CopyTransport:
         block with a decode lane, on the lane after ``stream``'s work so far
         (:mod:`radiance_ar.transport.side_lanes`), else on ``stream``. They may touch only
         bytes no later call of the block touches; the caller joins at the block's end."""
-        if self.decode_lane is None or not self._overlap_depth or self._decode_lane_off:
+        if self.decode_lane is None:
             yield stream
             return
-        with self.decode_lane.current(self.engine.stream(stream)) as handle:
-            yield handle
+        with self.decode_lane.beside(self.engine.stream(stream)) as handle:
+            yield stream if handle is None else handle
+
+    def _caller_stream(self) -> torch.cuda.Stream:
+        return self.engine.stream(current_stream_handle(self.world.device))
 
     def close(self) -> None:
         """Drop every buffer (capacity 0)."""
@@ -334,20 +330,15 @@ class CopyTransport:
         captured, the buffers are held (they may not grow)."""
         if not isinstance(self.signals, GpuSignals):
             raise TypeError(f"{self.owner}: only GPU worlds with peers capture op calls")
-        # One process driving emulated ranks with active peers: a capture that also forks
-        # the decode lane blocked for good in capture_end (H200, tests/test_graphs_gpu.py,
-        # as two call streams did, call_streams.caller_only); its decodes stay on the call.
-        lane_off = (self.decode_lane is not None and self.world.kind == "gpu-emulated"
-                    and not self.all_passive)
-        self._decode_lane_off, was = lane_off, self._decode_lane_off
-        try:
-            with self.buffers.in_graph(), self.engine.in_graph() as node_params, \
-                    tokens.capture_round(self.signals, self.call_streams, self.peers,
-                                         self.world.device, end, entry) as rnd:
-                rnd.node_params = node_params
-                yield rnd
-        finally:
-            self._decode_lane_off = was
+        # With peers parked here a capture that forked the decode lane blocked for good in
+        # capture_end (H200, tests/test_graphs_gpu.py), as two call streams did.
+        lane = (contextlib.nullcontext() if self.decode_lane is None
+                else self.decode_lane.off_while(self.peers_parked_here))
+        with lane, self.buffers.in_graph(), self.engine.in_graph() as node_params, \
+                tokens.capture_round(self.signals, self.call_streams, self.peers,
+                                     self.world.device, end, entry) as rnd:
+            rnd.node_params = node_params
+            yield rnd
         self.held = self.held or entry is not None
 
     def before_replay(self, stream: int) -> None:
@@ -417,9 +408,13 @@ class CopyTransport:
         return self.trace
 
     @property
-    def all_passive(self) -> bool:
-        """Whether every peer is passive (the timing mode of :func:`radiance_ar.transport.passive_peers.make_passive`)."""
-        return self.signals is not None and self.signals.passive_peers() == set(self.peers)
+    def peers_parked_here(self) -> bool:
+        """Emulated ranks with an active peer (not all passive, the timing mode of
+        :func:`radiance_ar.transport.passive_peers.make_passive`): one host thread drives
+        every rank, so a peer's stream may be parked on this rank's flags while this rank
+        captures a graph, and such a capture can block for good (docs/design.md 3.6)."""
+        return (self.world.kind == "gpu-emulated" and self.signals is not None
+                and self.signals.passive_peers() != set(self.peers))
 
     def stop_trace(self) -> None:
         """End what :meth:`start_trace` began."""

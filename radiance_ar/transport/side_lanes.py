@@ -31,7 +31,7 @@ streams there. Streams and events are made once, with the transport, and re-reco
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -75,3 +75,47 @@ class SideLane:
             self._back.record(self.stream)
             caller.wait_event(self._back)
             self._used = False
+
+
+class DecodeLane(SideLane):
+    """The decode lane (module doc): used only inside a block of overlapped calls
+    (:meth:`block`), whose end makes the caller's stream wait for it; ``off`` keeps the
+    kernels on their call's stream (inside some graph captures)."""
+
+    def __init__(self, device: torch.device, caller: Callable[[], torch.cuda.Stream]):
+        """``caller``: the caller's current stream at a block's end."""
+        super().__init__(device, steps=1)
+        self._caller = caller
+        self._depth = 0  # nesting of block()
+        self.off = False
+
+    @contextlib.contextmanager
+    def block(self) -> Iterator[None]:
+        """A block of overlapped calls; at its end, also when it raises, the caller joins."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                self.join(self._caller())
+
+    @contextlib.contextmanager
+    def off_while(self, off: bool) -> Iterator[None]:
+        """With ``off`` True, keep the kernels on their call's stream inside (a capture
+        where a forked lane blocks: ``CopyTransport.capture_round``)."""
+        self.off = off
+        try:
+            yield
+        finally:
+            self.off = False
+
+    @contextlib.contextmanager
+    def beside(self, call: torch.cuda.Stream) -> Iterator[int | None]:
+        """Inside a block (and not ``off``): the lane made current after ``call``'s work so
+        far, yielding its handle; else nothing changes and ``None`` is yielded."""
+        if not self._depth or self.off:
+            yield None
+            return
+        with self.current(call) as handle:
+            yield handle
