@@ -37,7 +37,9 @@ def test_compare_slices_default_to_auto_what_the_op_runs():
     args = compare_backends.parse_args(["--backends", "sdma"])
     cases = compare_backends.cases(args, "cpu")
     from radiance_ar import backends
-    assert {c.slices for c in cases} == {backends.get("sdma").preferred_slices_for(args.world)}
+    assert [c.rows for c in cases] == [256, 1024]  # the CPU default M
+    assert all(c.slices == backends.get("sdma").preferred_slices_for(args.world, c.rows)
+               for c in cases)
 
 
 # ------------------------------------------------------------------ overwriting

@@ -113,7 +113,9 @@ def test_plan_takes_the_eligible_and_groups_the_rest_by_reason():
     assert f"left stock: 2 ({vi.HAS_BIAS}), e.g. biased" in text
     assert f"left stock: 1 ({NO_PRODUCER}" in text
     # auto: the backend's own count for the TP size (Backend.preferred_slices_for)
-    for backend, tp, slices in (("sdma", 2, 4), ("sdma", 4, 2), ("sdma_wht6", 2, 2), ("sdma_wht6", 4, 2)):
+    # per world size and rows: sdma_wht6 at tp 2 grows with the rows
+    for backend, tp, slices in (("sdma", 2, "4"), ("sdma", 4, "2"), ("sdma_wht6", 4, "2"),
+                                ("sdma_wht6", 2, "2 from 2048 rows, 4 from 4096 rows, 8 from 8192 rows")):
         auto = vi.InstallReport(OverlapSettings(True, backend, 2048, "auto"), tp_size=tp)
         assert f"(backend {backend}, tp {tp}, slices auto = {slices}, " in auto.summary()
     grown = vi.InstallReport(OverlapSettings(True, "sdma", 2048, 5, plan="growing"), tp_size=2)

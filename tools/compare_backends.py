@@ -60,9 +60,9 @@ def cases(args: argparse.Namespace, device: str, world_kind: str | None = None) 
     out = []
     for name in args.backends:
         cls = backends.get(name)
-        counts = [cls.preferred_slices_for(args.world) if s == "auto" else s
-                  for s in args.slices]
         for rows in m:
+            counts = [cls.preferred_slices_for(args.world, rows) if s == "auto" else s
+                      for s in args.slices]
             for s in (list(dict.fromkeys(counts)) if cls.pipelined else [1]):
                 # one slice is one plan, recorded as the default: the others would repeat it
                 for plan in (args.plans if cls.pipelined and s > 1 else OVERLAP_PLANS[:1]):

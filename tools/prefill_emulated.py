@@ -22,7 +22,7 @@ from radiance_ar.backends.interface import Backend
 from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.plan import row_bounds
-from prefill_measure import (Spec, add_figures, arm_slices, gate_reason, off_arm_parts, op_of, settings,
+from prefill_measure import (Spec, add_figures, arm_slices, chunk_slices, gate_reason, off_arm_parts, op_of, settings,
                              time_prefill, verdict)
 from prefill_stack import DTYPE, ShardModel, prefill_steps, run_alone, run_lockstep
 
@@ -108,9 +108,9 @@ def op_slice_rows(spec: Spec, model: ShardModel) -> set[int]:
     alignment, through the op's own bounds (``plan.row_bounds``)."""
     sizes = set()
     for name in spec.backends:
-        on = settings(spec, name)
+        plan = settings(spec, name).plan
         for rows in set(spec.chunk_rows):
-            bounds = row_bounds(model.producer, rows, on.slices, on.plan, backends.get(name))
+            bounds = row_bounds(model.producer, rows, chunk_slices(spec, name, rows), plan)
             sizes.update(b - a for a, b in zip(bounds[:-1], bounds[1:]))
     return sizes
 

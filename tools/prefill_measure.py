@@ -119,20 +119,27 @@ def gate_reason(name: str, world: World, cols: int) -> str | None:
     return reason if reason is not None else cls.unsupported_cols_reason(cols)
 
 
-def arm_slices(spec: Spec, backend: str) -> int:
-    """The S of ``backend``'s on arm: ``spec.slices``, or for ``auto`` what the op runs
-    with RADIANCE_AR_OVERLAP_SLICES=auto at this TP degree."""
-    if spec.slices == "auto":
-        return backends.get(backend).preferred_slices_for(spec.shapes.tp)
-    return spec.slices
+def chunk_slices(spec: Spec, backend: str, rows: int) -> int:
+    """The S ``backend``'s on arm cuts a chunk of ``rows`` rows into: ``spec.slices``, or
+    for ``auto`` what the op runs at this TP degree (``Backend.preferred_slices_for``)."""
+    if spec.slices != "auto":
+        return spec.slices
+    return backends.get(backend).preferred_slices_for(spec.shapes.tp, rows)
+
+
+def arm_slices(spec: Spec, backend: str) -> int | str:
+    """The S of ``backend``'s on arm as recorded: one count, or the chunks' distinct
+    counts in order joined by ``/`` where they differ (``auto`` chooses per chunk)."""
+    counts = dict.fromkeys(chunk_slices(spec, backend, rows) for rows in spec.chunk_rows)
+    return next(iter(counts)) if len(counts) == 1 else "/".join(map(str, counts))
 
 
 def settings(spec: Spec, backend: str, slices: int | None = None) -> OverlapSettings:
-    """The runtime settings of ``backend``'s arm (S: ``slices``, default its on arm's).
+    """The runtime settings of ``backend``'s arm (S: ``slices``, default its on arm's:
+    ``spec.slices``, where ``auto`` lets the op choose per chunk as it does in serving).
     min_m = 1: every chunk takes the sliced path (the emulated world has no vendor
     collective for the decode path, and every prefill chunk here is a full forward)."""
-    return OverlapSettings(True, backend, 1, arm_slices(spec, backend) if slices is None
-                           else slices, spec.knobs)
+    return OverlapSettings(True, backend, 1, spec.slices if slices is None else slices, spec.knobs)
 
 
 def op_of(rt: overlap.OverlapRuntime, producer: str):

@@ -150,9 +150,10 @@ class Backend(abc.ABC):
             signals.check_vendor_call()
 
     @classmethod
-    def preferred_slices_for(cls, world_size: int) -> int:
-        """The slice count of RADIANCE_AR_OVERLAP_SLICES=auto in a world of ``world_size``
-        ranks (``preferred_slices`` unless a backend measured otherwise per size)."""
+    def preferred_slices_for(cls, world_size: int, rows: int) -> int:
+        """The slice count of RADIANCE_AR_OVERLAP_SLICES=auto for an op call of ``rows``
+        rows in a world of ``world_size`` ranks (``preferred_slices`` unless a backend
+        measured otherwise per size or rows)."""
         return cls.preferred_slices
 
     @classmethod

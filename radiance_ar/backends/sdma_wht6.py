@@ -78,6 +78,7 @@ attribute is the larger, true of every instance.
 from __future__ import annotations
 
 import contextlib
+from typing import ClassVar
 
 import torch
 
@@ -121,16 +122,27 @@ class SdmaWht6Backend(TransportBackend):
     preferred_slices = 1  # one rank: nothing to overlap
     decodes_beside = True  # an op call's slices end with a decode (see _all_reduce)
 
+    #: at W = 2, ``auto`` cuts a call into about one slice per this many rows (below)
+    rows_per_auto_slice: ClassVar[int] = 1024
+    #: ... and into at most this many slices
+    max_auto_slices: ClassVar[int] = 8
+
     @classmethod
-    def preferred_slices_for(cls, world_size: int) -> int:
-        # Replayed op calls on an H200, emulated ranks, N = 5120, with encode-ahead
-        # (tools/results/2026-12-05-h200-encode-ahead/, M = 2048-16384): at W = 2 S = 4 is
-        # 2-2.5% faster than S = 2 at M = 8192 and 16384 (1.039 against 1.066 ms) and S = 2
-        # 1-8% faster at 2048 and 4096; at W = 4 (two-shot per slice) S = 2 is fastest at
-        # every M (1.458 against 1.542 ms for S = 4 at 8192). S = 2 is within 3% of the best
-        # everywhere; the earlier tune (../2026-12-04-h200-tune/, before encode-ahead) chose
-        # it at 19 of 20 shapes. W = 3 (not measured) takes the same.
-        return 2 if world_size >= 2 else cls.preferred_slices
+    def preferred_slices_for(cls, world_size: int, rows: int) -> int:
+        # Replayed op calls with the decode lane on an H100, emulated ranks, N = 5120, S = 1,
+        # 2, 4, 8 (tools/results/2026-12-05-h100-slices/): at W = 2 the fastest S was 2 at
+        # M = 2048 (0.293 ms; S = 8 0.339), 4 at 4096 (0.517; S = 2 0.561), 8 at 8192 (0.945;
+        # S = 4 0.956, S = 2 1.065) and at 16384 (1.775; S = 4 1.968): one slice per 1024
+        # rows, a power of two in [2, 8]. The H200 agrees at 8192 (S = 8 0.895, S = 4 0.922,
+        # S = 2 1.030 ms: ../2026-12-05-h200-decode-lane/). At W = 4 (two-shot per slice)
+        # S = 2 was fastest at every M (1.514 ms at 8192 against 1.546 at S = 4). W = 3
+        # (not measured) takes W = 4's.
+        if world_size < 2:
+            return cls.preferred_slices
+        if world_size > 2:
+            return 2
+        per_rows = max(rows // cls.rows_per_auto_slice, 1)
+        return min(max(1 << (per_rows.bit_length() - 1), 2), cls.max_auto_slices)
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,
                  schedule: str | None = None):

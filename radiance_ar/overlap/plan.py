@@ -42,7 +42,7 @@ def row_bounds(prod: Producer, rows: int, slices: int | str, plan: str = OVERLAP
     """The row bounds the op cuts ``rows`` rows into for producer ``prod``: ``slices``
     slices (``"auto"``: the backend's ``preferred_slices``) cut by ``plan``, interior
     bounds multiples of ``prod.slice_row_align`` (as :func:`slicing.op_bounds`)."""
-    return slice_bounds(rows, slice_count(slices, backend), prod.slice_row_align, plan)
+    return slice_bounds(rows, slice_count(slices, backend, rows), prod.slice_row_align, plan)
 
 
 def input_view(backend: Backend, rows: int, cols: int, dtype: torch.dtype,

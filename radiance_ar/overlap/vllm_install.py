@@ -32,6 +32,7 @@ import radiance_ar.overlap.op  # noqa: F401 -- registers torch.ops.radiance.line
 from radiance_ar.backends.interface import Backend
 from radiance_ar.overlap.config import OverlapSettings, from_env
 from radiance_ar.overlap.producer_quant import GENERIC, bind_layer, shape_carrier
+from radiance_ar.overlap.slicing import auto_slices_text
 from radiance_ar.overlap.vllm_routes import (CARRIER_ATTR, Operands, Route, device_of,
     plain_weight, register_producer, route_for)
 
@@ -169,9 +170,8 @@ class InstallReport:
             return self._auto_summary(total)
         cls = backends.get(s.backend)
         slices = ("unsliced" if not cls.pipelined
-                  else f"slices auto = {cls.preferred_slices_for(self.tp_size)}"
-                  if s.slices == "auto"
-                  else f"slices {s.slices}")
+                  else f"slices {s.slices}" if s.slices != "auto"
+                  else "slices auto = " + auto_slices_text(cls, self.tp_size, s.min_m))
         if cls.pipelined and s.plan != OVERLAP_PLANS[0]:
             slices += f" {s.plan}"
         head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
