@@ -35,18 +35,14 @@ for the newest overlapping one. ``red`` mirrors ``pub``'s layout (a call's shard
 inside its ``pub`` range) and is written after that call's fence, so the same fence
 covers it. The receive buffers are private and stream-ordered.
 
-Worlds (docs/design.md, 'Worlds'): in ``gpu-emulated`` (W ranks on one GPU) and
-``gpu-host`` (a process per rank) buffers and flags are host memory: a rank writes what it
-publishes into a private device ``stage``, publishes D2H and pulls H2D. Emulated ranks are
-driven from one host thread, so a rank's stream may block on a flag that a LATER host call
-of a peer posts, and any implicit device synchronization in between (a first kernel load, a
-cudaFree) deadlocks: a backend loads its kernels in ``ensure_capacity``, on every rank first.
+Worlds (docs/design.md, 'Worlds'): in ``gpu-emulated`` and ``gpu-host`` buffers and flags
+are host memory: a rank publishes from a private device ``stage`` D2H and pulls H2D. Emulated
+ranks share one host thread: a backend loads its kernels in ``ensure_capacity``, on every
+rank, before any stream can park (:mod:`radiance_ar.harness.emulated`, rule 1).
 
-Epochs are host integers passed by value into the wait/write operations, so a captured
-CUDA graph would replay stale epochs. A graph of whole op calls is captured in a token
-round instead (:meth:`CopyTransport.capture_round`, :mod:`radiance_ar.transport.tokens`):
-its flags are one-use tokens with fixed values, and its fences consume the done tokens
-of the calls before it in the same graph.
+Epochs are host integers passed by value, so a captured graph would replay stale ones: a
+graph of op calls is captured in a token round instead (:meth:`CopyTransport.capture_round`,
+:mod:`radiance_ar.transport.tokens`), with one-use tokens of fixed values.
 """
 
 from __future__ import annotations
@@ -398,12 +394,10 @@ class CopyTransport:
         lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
         if self._own_stream is not None:
             lanes[self._own_stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
-        for k, handle in enumerate(self.call_streams.handles()):
-            lanes[handle] = f"AR steps (call stream {k})"
-        if self.lane is not None:
-            lanes[self.lane.handle] = "publish lane"
-        if self.decode_lane is not None:
-            lanes[self.decode_lane.handle] = "decode lane"
+        lanes.update({h: f"AR steps (call stream {k})" for k, h in enumerate(self.call_streams.handles())})
+        for lane, name in ((self.lane, "publish lane"), (self.decode_lane, "decode lane")):
+            if lane is not None:
+                lanes[lane.handle] = name
         self.trace = StepTrace(self.world.device, lanes)
         return self.trace
 
