@@ -166,7 +166,7 @@ def test_the_process_runtime_lifetime():
     (5, 3, "uniform", [8] * 5), (3, 4, "growing", [5, 12, 23]), ("auto", 2, "growing", [13, 27])])
 def test_the_slices_are_the_knobs_or_for_auto_the_backends_choice(setting, preferred, plan,
                                                                    sizes):
-    """RADIANCE_AR_OVERLAP_SLICES=auto runs the backend's ``preferred_slices``; an integer
+    """RADIANCE_AR_OVERLAP_SLICES=auto runs the backend's ``preferred_slices_for``; an integer
     wins over it; the plan cuts the rows. Seen at the backend: one all_reduce per slice."""
     world = single_world("cpu")
 

@@ -38,7 +38,7 @@ def test_compare_slices_default_to_auto_what_the_op_runs():
     cases = compare_backends.cases(args, "cpu")
     from radiance_ar import backends
     assert [c.rows for c in cases] == [256, 1024]  # the CPU default M
-    assert all(c.slices == backends.get("sdma").preferred_slices_for(args.world, c.rows)
+    assert all(c.slices == backends.get("sdma").preferred_slices_for(args.world, c.rows, c.plan)
                for c in cases)
 
 

@@ -118,6 +118,13 @@ def test_plan_takes_the_eligible_and_groups_the_rest_by_reason():
                                 ("sdma_wht6", 2, "2 from 2048 rows, 4 from 4096 rows, 8 from 8192 rows")):
         auto = vi.InstallReport(OverlapSettings(True, backend, 2048, "auto"), tp_size=tp)
         assert f"(backend {backend}, tp {tp}, slices auto = {slices}, " in auto.summary()
+    # from a min_m that is not a power of two the change points are still the rule's;
+    # growing slices keep S = 2 (SdmaWht6Backend.preferred_slices_for)
+    odd = vi.InstallReport(OverlapSettings(True, "sdma_wht6", 1000, "auto"), tp_size=2)
+    assert "slices auto = 2 from 1000 rows, 4 from 4096 rows, 8 from 8192 rows, " in odd.summary()
+    growing = vi.InstallReport(OverlapSettings(True, "sdma_wht6", 2048, "auto", plan="growing"),
+                               tp_size=2)
+    assert "(backend sdma_wht6, tp 2, slices auto = 2 growing, " in growing.summary()
     grown = vi.InstallReport(OverlapSettings(True, "sdma", 2048, 5, plan="growing"), tp_size=2)
     assert "(backend sdma, tp 2, slices 5 growing, min_m 2048)" in grown.summary()
 

@@ -40,7 +40,7 @@ def int_list(text: str) -> list[int]:
 
 
 def slice_list(text: str) -> list[int | str]:
-    """``--slices``: integers >= 1 and ``auto`` (each backend's ``preferred_slices``)."""
+    """``--slices``: integers >= 1 and ``auto`` (each backend's ``preferred_slices_for``)."""
     words = [v.strip() for v in text.split(",") if v.strip()]
     if not words:
         raise argparse.ArgumentTypeError(f"{text!r}: expected integers >= 1 or auto")

@@ -48,9 +48,11 @@ from world_measure import Case, measure  # noqa: E402
 envs.prepare_cuda_for_emulated_ranks()  # importing torch does not start CUDA; main() does
 
 
-def cases(args: argparse.Namespace, device: str, world_kind: str | None = None) -> list[Case]:
-    """Every case the options name; with ``world_kind``, also the baseline arm's case at
-    each M (``args.baseline``, else that world's default: tools/baseline.py)."""
+def cases(args: argparse.Namespace, device: str, world_kind: str | None = None,
+          world_size: int | None = None) -> list[Case]:
+    """Every case the options name, ``auto`` slice counts resolved for ``world_size`` ranks
+    (default ``args.world``); with ``world_kind``, also the baseline arm's case at each M
+    (``args.baseline``, else that world's default: tools/baseline.py)."""
     base = dict(DEFAULTS[device])
     if args.quick:
         base.update(QUICK[device])
@@ -61,14 +63,17 @@ def cases(args: argparse.Namespace, device: str, world_kind: str | None = None) 
     for name in args.backends:
         cls = backends.get(name)
         for rows in m:
-            counts = [cls.preferred_slices_for(args.world, rows) if s == "auto" else s
-                      for s in args.slices]
-            for s in (list(dict.fromkeys(counts)) if cls.pipelined else [1]):
-                # one slice is one plan, recorded as the default: the others would repeat it
-                for plan in (args.plans if cls.pipelined and s > 1 else OVERLAP_PLANS[:1]):
-                    out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
-                                    producer=args.producer, plan=plan,
-                                    timeline=args.timeline and device == "gpu"))
+            runs: dict[tuple[int, str], None] = {}  # (S, plan), each once, in order
+            for setting in (args.slices if cls.pipelined else [1]):
+                for plan in (args.plans if cls.pipelined else OVERLAP_PLANS[:1]):
+                    s = (cls.preferred_slices_for(world_size or args.world, rows, plan)
+                         if setting == "auto" else setting)
+                    # one slice is one plan, recorded as the default: the others would repeat it
+                    runs[s, plan if s > 1 else OVERLAP_PLANS[0]] = None
+            for s, plan in runs:
+                out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
+                                producer=args.producer, plan=plan,
+                                timeline=args.timeline and device == "gpu"))
     if world_kind is not None and out:
         out = baseline.with_arm(out, arm_of(args, world_kind)[0])
     return out
@@ -268,7 +273,7 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
         print_header(hdr)
         run_probe(args, hdr)
     records = [run_case(world, case, one_active=shared)
-               for case in cases(args, "gpu", world.kind)]
+               for case in cases(args, "gpu", world.kind, world.size)]
     dist.destroy_process_group()
     return (hdr, records) if world.rank == 0 else None
 

@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "radiance_ar.overlap.producers.names())")
     p.add_argument("--slices", type=_slices, default="auto",
                    help="slices S of the on arms, or auto: each backend's own at this TP "
-                        "degree (what the op runs by default); default %(default)s")
+                        "degree and each chunk's rows (what the op runs by default; a record "
+                        "lists the chunks' counts as 8/4 where they differ); default %(default)s")
     p.add_argument("--baseline", default=None,
                    help="the backend whose off arm every arm is also compared with (column "
                         "'vs base'); default: stock where a vendor collective exists, the "

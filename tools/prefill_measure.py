@@ -60,7 +60,8 @@ class Spec:
     layers: int
     chunk_rows: tuple[int, ...]
     producer: str = "bf16"
-    #: S of the on arms: an int, or ``auto`` (each backend's preferred S for the world size)
+    #: S of the on arms: an int, or ``auto`` (each backend's preferred S for the world size
+    #: and each chunk's rows, as the op chooses it)
     slices: int | str = "auto"
     backends: tuple[str, ...] = ()
     reps: int = 20
@@ -124,7 +125,8 @@ def chunk_slices(spec: Spec, backend: str, rows: int) -> int:
     for ``auto`` what the op runs at this TP degree (``Backend.preferred_slices_for``)."""
     if spec.slices != "auto":
         return spec.slices
-    return backends.get(backend).preferred_slices_for(spec.shapes.tp, rows)
+    plan = settings(spec, backend).plan
+    return backends.get(backend).preferred_slices_for(spec.shapes.tp, rows, plan)
 
 
 def arm_slices(spec: Spec, backend: str) -> int | str:

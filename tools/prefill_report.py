@@ -5,7 +5,7 @@ keys in the CSV):
 
 | key | meaning |
 |---|---|
-| `arm`, `backend`, `slices` | `off`: GEMM then the world's unsliced all-reduce; `on`: the op, S slices |
+| `arm`, `backend`, `slices` | `off`: GEMM then the world's unsliced all-reduce; `on`: the op, S slices (a string such as `8/4` where `auto` cut the chunks differently: each chunk's S in order) |
 | `tokens_per_s`, `t_prefill_ms`, `t_prefill_spread_ms` | the whole prefill (every chunk, every layer): tokens / median time; half the IQR |
 | `speedup` | on arms: the off arm's median / this arm's (emulated: the same backend's off arm) |
 | `vs_base` | every arm: the base backend's off arm's median / this arm's (`--baseline`; default `stock`, in the emulated world the spin-wait `oneshot_wht6`; `mode.vs_base` names it) |

@@ -150,10 +150,10 @@ class Backend(abc.ABC):
             signals.check_vendor_call()
 
     @classmethod
-    def preferred_slices_for(cls, world_size: int, rows: int) -> int:
+    def preferred_slices_for(cls, world_size: int, rows: int, plan: str) -> int:
         """The slice count of RADIANCE_AR_OVERLAP_SLICES=auto for an op call of ``rows``
-        rows in a world of ``world_size`` ranks (``preferred_slices`` unless a backend
-        measured otherwise per size or rows)."""
+        rows cut by ``plan`` in a world of ``world_size`` ranks (``preferred_slices``
+        unless a backend measured otherwise per size, rows or plan)."""
         return cls.preferred_slices
 
     @classmethod

@@ -52,12 +52,12 @@ class SdmaBackend(TransportBackend):
     preferred_slices = 4
 
     @classmethod
-    def preferred_slices_for(cls, world_size: int, rows: int) -> int:
+    def preferred_slices_for(cls, world_size: int, rows: int, plan: str) -> int:
         # The H200 tune of replayed op calls (tools/results/2026-12-04-h200-tune/, emulated
         # ranks, N = 5120 and 8192, M = 2048-16384): at W = 2, S = 4 is fastest from M =
         # 8192 (1.971 ms against 2.018 at S = 8 and 2.252 at S = 1, N = 5120, M = 8192);
         # at W = 4, S = 2 is fastest at every M but 12288 x 8192 (2.787 ms against 2.852
-        # at S = 4 and 3.030 at S = 1, N = 5120, M = 8192). The same S at every M.
+        # at S = 4 and 3.030 at S = 1, N = 5120, M = 8192). The same S at every M and plan.
         return cls.preferred_slices if world_size <= 2 else 2
 
     def __init__(self, world: World, settings: BackendSettings | None = None, *,

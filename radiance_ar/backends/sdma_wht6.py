@@ -83,7 +83,7 @@ from typing import ClassVar
 import torch
 
 from radiance_ar import wht6
-from radiance_ar.envs import BackendSettings
+from radiance_ar.envs import OVERLAP_PLANS, BackendSettings
 from radiance_ar.backends.interface import check_capacity_args, check_slice, copy_unless_same
 from radiance_ar.buffers import refuse_growth_in_capture
 from radiance_ar.backends.registry import register
@@ -122,13 +122,13 @@ class SdmaWht6Backend(TransportBackend):
     preferred_slices = 1  # one rank: nothing to overlap
     decodes_beside = True  # an op call's slices end with a decode (see _all_reduce)
 
-    #: at W = 2, ``auto`` cuts a call into about one slice per this many rows (below)
+    #: at W = 2, ``auto`` cuts a call into uniform slices of about this many rows (below)
     rows_per_auto_slice: ClassVar[int] = 1024
     #: ... and into at most this many slices
     max_auto_slices: ClassVar[int] = 8
 
     @classmethod
-    def preferred_slices_for(cls, world_size: int, rows: int) -> int:
+    def preferred_slices_for(cls, world_size: int, rows: int, plan: str) -> int:
         # Replayed op calls with the decode lane on an H100, emulated ranks, N = 5120, S = 1,
         # 2, 4, 8 (tools/results/2026-12-05-h100-slices/): at W = 2 the fastest S was 2 at
         # M = 2048 (0.293 ms; S = 8 0.339), 4 at 4096 (0.517; S = 2 0.561), 8 at 8192 (0.945;
@@ -136,10 +136,13 @@ class SdmaWht6Backend(TransportBackend):
         # rows, a power of two in [2, 8]. The H200 agrees at 8192 (S = 8 0.895, S = 4 0.922,
         # S = 2 1.030 ms: ../2026-12-05-h200-decode-lane/). At W = 4 (two-shot per slice)
         # S = 2 was fastest at every M (1.514 ms at 8192 against 1.546 at S = 4). W = 3
-        # (not measured) takes W = 4's.
+        # (not measured) takes W = 4's. Those were uniform slices; growing ones keep the
+        # S = 2 that the H200 tune chose for them (../2026-12-04-h200-tune/, W = 2: S = 2
+        # growing fastest at M = 2048 and 8192), as S = 8 growing would leave half the rows
+        # to the last slice.
         if world_size < 2:
             return cls.preferred_slices
-        if world_size > 2:
+        if world_size > 2 or plan != OVERLAP_PLANS[0]:
             return 2
         per_rows = max(rows // cls.rows_per_auto_slice, 1)
         return min(max(1 << (per_rows.bit_length() - 1), 2), cls.max_auto_slices)

@@ -40,9 +40,10 @@ NO_HOOKS = SliceHooks()
 def row_bounds(prod: Producer, rows: int, slices: int | str, plan: str = OVERLAP_PLANS[0],
                backend: Any = None) -> list[int]:
     """The row bounds the op cuts ``rows`` rows into for producer ``prod``: ``slices``
-    slices (``"auto"``: the backend's ``preferred_slices``) cut by ``plan``, interior
-    bounds multiples of ``prod.slice_row_align`` (as :func:`slicing.op_bounds`)."""
-    return slice_bounds(rows, slice_count(slices, backend, rows), prod.slice_row_align, plan)
+    slices (``"auto"``: ``backend``'s ``preferred_slices_for``, ``backend`` an instance)
+    cut by ``plan``, interior bounds multiples of ``prod.slice_row_align`` (as
+    :func:`slicing.op_bounds`)."""
+    return slice_bounds(rows, slice_count(slices, backend, rows, plan), prod.slice_row_align, plan)
 
 
 def input_view(backend: Backend, rows: int, cols: int, dtype: torch.dtype,

@@ -24,24 +24,24 @@ from typing import Any
 from radiance_ar.envs import OVERLAP_PLANS as PLANS
 
 
-def slice_count(setting: int | str, backend: Any, rows: int) -> int:
-    """The S the op runs for ``rows`` rows: RADIANCE_AR_OVERLAP_SLICES as set, or for
-    ``auto`` the backend's ``preferred_slices_for`` (its slice count chosen by
-    measurement, per world size and rows)."""
+def slice_count(setting: int | str, backend: Any, rows: int, plan: str) -> int:
+    """The S the op runs for ``rows`` rows cut by ``plan``: RADIANCE_AR_OVERLAP_SLICES as
+    set, or for ``auto`` the backend's ``preferred_slices_for`` (its slice count chosen
+    by measurement, per world size, rows and plan; ``backend`` an instance, in its world)."""
     if setting == "auto":
-        return backend.preferred_slices_for(backend.world.size, rows)
+        return backend.preferred_slices_for(backend.world.size, rows, plan)
     return setting
 
 
-def auto_slices_text(backend_cls: Any, world_size: int, min_rows: int,
+def auto_slices_text(backend_cls: Any, world_size: int, min_rows: int, plan: str,
                      max_rows: int = 1 << 16) -> str:
-    """What ``auto`` runs in a world of ``world_size`` ranks, in words: one count, or each
-    count with the first row count that gets it (sampled from ``min_rows``, doubling)."""
+    """What ``auto`` runs in a world of ``world_size`` ranks for calls of ``min_rows`` rows
+    or more cut by ``plan``, in words: one count, or each count with the first row count
+    that gets it (tried at ``min_rows`` and every power of two above it to ``max_rows``)."""
     firsts: dict[int, int] = {}
-    rows = min_rows
-    while rows <= max_rows:
-        firsts.setdefault(backend_cls.preferred_slices_for(world_size, rows), rows)
-        rows *= 2
+    tried = [min_rows] + [1 << e for e in range(min_rows.bit_length(), max_rows.bit_length())]
+    for rows in tried:
+        firsts.setdefault(backend_cls.preferred_slices_for(world_size, rows, plan), rows)
     if len(firsts) == 1:
         return str(next(iter(firsts)))
     return ", ".join(f"{count} from {rows} rows" for count, rows in firsts.items())
@@ -76,4 +76,5 @@ def slice_bounds(rows: int, slices: int, align: int = 1, plan: str = PLANS[0]) -
 def op_bounds(settings: Any, backend: Any, rows: int, align: int) -> list[int]:
     """The row bounds the op runs for ``rows`` rows: the settings' slice count (or the
     backend's for ``auto``) and plan, at the producer's row alignment."""
-    return slice_bounds(rows, slice_count(settings.slices, backend, rows), align, settings.plan)
+    return slice_bounds(rows, slice_count(settings.slices, backend, rows, settings.plan), align,
+                        settings.plan)

@@ -171,7 +171,7 @@ class InstallReport:
         cls = backends.get(s.backend)
         slices = ("unsliced" if not cls.pipelined
                   else f"slices {s.slices}" if s.slices != "auto"
-                  else "slices auto = " + auto_slices_text(cls, self.tp_size, s.min_m))
+                  else "slices auto = " + auto_slices_text(cls, self.tp_size, s.min_m, s.plan))
         if cls.pipelined and s.plan != OVERLAP_PLANS[0]:
             slices += f" {s.plan}"
         head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
