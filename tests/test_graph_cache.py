@@ -65,6 +65,38 @@ def test_eager_then_captured_then_replayed_with_new_inputs_each_time():
     assert torch.equal(outs[3], xs[3] * 3.0)
 
 
+def test_capturing_ahead_captures_without_replaying_and_the_next_call_replays():
+    # emulated ranks' rule 3 (radiance_ar.harness.emulated): every rank captures, then replays
+    cache, backend, bodies = make()
+    body = body_for(bodies, 2.0)
+    xs = [torch.randn(4, 3) for _ in range(3)]
+    assert torch.equal(call(cache, backend, "a", xs[0], body), xs[0] * 2.0)  # eager
+    with cache.capturing_ahead():
+        assert call(cache, backend, "a", xs[1], body) is None
+    assert (cache.captures, cache.replays, len(backend.replayed), len(bodies)) == (1, 0, 0, 1)
+    assert torch.equal(call(cache, backend, "a", xs[2], body), xs[2] * 2.0)
+    assert (cache.captures, cache.replays, len(backend.replayed)) == (1, 1, 1)
+
+
+def test_capturing_ahead_refuses_a_call_not_due_for_capture_and_runs_nothing():
+    cache, backend, bodies = make()
+    body = body_for(bodies, 1.0)
+    x = torch.randn(2, 2)
+    with pytest.raises(ValueError, match="not run eagerly first"), cache.capturing_ahead():
+        call(cache, backend, "a", x, body)
+    assert (len(bodies), cache.captures, len(cache)) == (0, 0, 0)
+    call(cache, backend, "a", x, body)  # eager
+    call(cache, backend, "a", x, body)  # captured and replayed
+    with pytest.raises(ValueError, match="captured already"), cache.capturing_ahead():
+        call(cache, backend, "a", x, body)
+    with pytest.raises(ValueError, match="already capturing ahead"), cache.capturing_ahead():
+        with cache.capturing_ahead():
+            pass
+    assert (cache.captures, cache.replays) == (1, 1)
+    assert torch.equal(call(cache, backend, "a", x, body), x)  # out of the block: replays
+    assert cache.replays == 2
+
+
 def test_a_new_generation_drops_every_graph_and_starts_eagerly_again():
     cache, backend, bodies = make()
     body = body_for(bodies, 1.0)

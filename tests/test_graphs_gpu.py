@@ -1,7 +1,9 @@
 """The op's sliced path captured once per shape and replayed (radiance_ar.overlap.graphs),
 on emulated ranks of one GPU: results against float64 with new inputs at every call, the
 same bits on every rank, one capture per shape, memory flat, and the call contract: a
-rank in another layer (a skipped call) raises on every rank, which resync recovers."""
+rank in another layer (a skipped call) raises on every rank, which resync recovers. Every
+rank captures before any rank replays (EmulatedRanks.capture_ahead: one host thread drives
+every rank, and a capture made while a peer's replay waits on this rank can block)."""
 
 import pytest
 import torch
@@ -33,6 +35,13 @@ def build(ranks, backend, slices, schedule="auto", timeout_ms=1000.0):
     return rts
 
 
+def capture_ahead(ranks, rts, shards):
+    """Every rank's graph of this call captured before any rank replays it (the next
+    emulated_forward replays)."""
+    ranks.capture_ahead([rt.graphs() for rt in rts],
+                        lambda r: overlap.forward(rts[r], *shards[r], None, "bf16"))
+
+
 @pytest.mark.parametrize("size,backend,schedule", [(2, "sdma", "oneshot"), (4, "sdma", "twoshot"),
                                                    (2, "sdma_wht6", "auto"),
                                                    (4, "sdma_wht6", "twoshot")])
@@ -49,6 +58,8 @@ def test_replayed_calls_are_right_with_new_inputs_every_call(size, backend, sche
         seed = 10 + call
         shards = world_jobs.device_shards(seed, size, rows, cols, k, DEV)
         shards = [(x, w) for (x, _), w in zip(shards, weights)]
+        if call == 1:
+            capture_ahead(ranks, rts, shards)
         outs = world_jobs.emulated_forward(ranks, rts, shards, 5000)
         ref = sum(x.double().cpu() @ w.double().cpu().t() for x, w in shards)
         for r, out in enumerate(outs):
@@ -58,7 +69,7 @@ def test_replayed_calls_are_right_with_new_inputs_every_call(size, backend, sche
         if call == 2:
             memory = [torch.cuda.memory_allocated(DEV), [rt.graphs().memory() for rt in rts]]
     assert [torch.cuda.memory_allocated(DEV), [rt.graphs().memory() for rt in rts]] == memory
-    for rt in rts:  # call 0 eager, call 1 captured and replayed, then replays only
+    for rt in rts:  # call 0 eager, call 1 captured ahead and replayed, then replays only
         assert (rt.graphs().captures, rt.graphs().replays) == (1, 7)
     for rt in rts:
         rt.close()
@@ -74,8 +85,10 @@ def test_a_rank_in_another_layer_raises_on_every_rank_and_resync_recovers(releas
     for rt, r in zip(rts, range(size)):
         for shards in layers:
             rt.register_layer(shards[r][1])
-    for _ in range(3):  # eager, captured, replayed: both layers in step
+    for i in range(3):  # eager, captured (ahead) and replayed, replayed: both layers in step
         for shards in layers:
+            if i == 1:
+                capture_ahead(ranks, rts, shards)
             world_jobs.emulated_forward(ranks, rts, shards, 5000)
     # rank 1 skips layer 1's call: it runs layer 2 while rank 0 runs layer 1
     ranks.each(lambda r: overlap.forward(rts[r], *layers[r][r], None, "bf16"))

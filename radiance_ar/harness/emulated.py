@@ -2,13 +2,17 @@
 
 Emulated ranks (``radiance_ar.transport.world.emulated_worlds``) live in one process and are driven
 from one host thread, each on its own persistent stream. Two rules make that safe, and
-every user of the world needs both (docs/design.md, 'Worlds'):
+every user of the world needs both (docs/design.md, 'Worlds'), a third where op calls are
+replayed with active peers:
 
 1. Grow every rank's buffers and load every kernel BEFORE any rank's stream can park on
    a peer's flag: a first kernel load (or a cudaFree) synchronizes the device, which
    would wait forever for a stream blocked on a flag that only a later host call posts.
 2. Start each rank's work on its stream after the caller's work so far (its inputs are
    ready), and let the caller's stream wait for every rank before it reads a result.
+3. Capture every rank's graph of an op call before any rank replays it (:meth:`EmulatedRanks.capture_ahead`):
+   a capture made while a peer's replay was parked on this rank blocked in ``capture_end``
+   (docs/design.md 3.6).
 
 ::
 
@@ -64,6 +68,16 @@ class EmulatedRanks:
         caller = torch.cuda.current_stream(self.device)
         for stream in self.streams:
             caller.wait_stream(stream)
+
+    def capture_ahead(self, caches: list, step: Callable[[int], object]) -> None:
+        """Rule 3: ``step(rank)``, an op call due for capture, on every rank's stream with
+        that rank's graph cache capturing ahead (``caches[rank]``, its runtime's
+        ``graphs()``: :meth:`radiance_ar.overlap.graphs.GraphCache.capturing_ahead`), then
+        :meth:`join`; the same calls made next replay."""
+        for rank in range(self.size):
+            with self.on(rank), caches[rank].capturing_ahead():
+                step(rank)
+        self.join()
 
     def each(self, step: Callable[[int], T]) -> list[T]:
         """``step(rank)`` on every rank's stream in rank order, then :meth:`join`."""

@@ -37,14 +37,19 @@ host time still grows with S (W = 4 two-shot: 8 host copies and 3 batches a slic
 
 No capture synchronizes the device (``torch.cuda.graph`` would): in a world of emulated
 ranks a peer's stream may be parked on this rank's next call, and a device-wide
-synchronize would wait for it forever.
+synchronize would wait for it forever. Yet a capture made while a peer's replay waits on
+this rank blocked in ``capture_end`` there (docs/design.md 3.6): a driver of emulated
+ranks with active peers captures every rank's graph of a call first
+(:meth:`GraphCache.capturing_ahead`, :meth:`radiance_ar.harness.emulated.EmulatedRanks.capture_ahead`),
+then replays.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 import torch
 
@@ -90,6 +95,7 @@ class GraphCache:
         #: captures made and replays launched (reports; tests check the cache is used)
         self.captures = 0
         self.replays = 0
+        self._ahead = False  # inside capturing_ahead()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -100,18 +106,42 @@ class GraphCache:
         return {"graphs": len(self._entries),
                 "static_bytes": sum(t.numel() * t.element_size() for t in self._static.values())}
 
+    @contextlib.contextmanager
+    def capturing_ahead(self) -> Iterator[None]:
+        """Calls inside capture their graph and replay nothing: each returns None, and the
+        next call of that key replays (no call number is taken, no peer is waited for).
+        Every call inside must be due for capture (its key warmed up eagerly, not yet
+        captured), else ``ValueError``. For a driver of emulated ranks with active peers
+        (module doc): there every rank captures before any rank's replay can park."""
+        if self._ahead:
+            raise ValueError("GraphCache.capturing_ahead: already capturing ahead")
+        self._ahead = True
+        try:
+            yield
+        finally:
+            self._ahead = False
+
     def call(self, key: Hashable, generation: Callable[[], Hashable], x: torch.Tensor,
              out_shape: tuple[int, int], sig: CallSignature, backend: Any,
-             body: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+             body: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor | None:
         """``body(x, out)`` (the op's sliced path) for ``x``: eagerly the first time its
         ``key`` is seen, captured the second, replayed after. ``generation()`` names the
         buffers a graph bakes in (it is asked after the body ran, when they have grown);
-        ``sig`` is the op call's signature (its header per replay)."""
+        ``sig`` is the op call's signature (its header per replay). Inside
+        :meth:`capturing_ahead`: captured only, returning None."""
         now = generation()
         entry = self._entries.get(key)
         if entry is not None and entry.generation != now:
             self.clear()
             entry = None
+        if self._ahead:
+            if entry is not None or self._seen.get(key) != now:
+                raise ValueError(
+                    f"GraphCache.capturing_ahead: the call of {key!r} is not due for capture "
+                    f"({'captured already' if entry is not None else 'not run eagerly first'}); "
+                    "capture ahead only the call that follows a shape's eager one")
+            self._capture(key, x, out_shape, backend, body, generation)
+            return None
         if entry is None and self._seen.get(key) != now:
             out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
             body(x, out)
