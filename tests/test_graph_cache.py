@@ -92,9 +92,17 @@ def test_capturing_ahead_refuses_a_call_not_due_for_capture_and_runs_nothing():
     with pytest.raises(ValueError, match="already capturing ahead"), cache.capturing_ahead():
         with cache.capturing_ahead():
             pass
+    with pytest.raises(ValueError, match="0 captures in the block, expected 1"), \
+            cache.capturing_ahead():
+        pass  # e.g. a call below min_m, or one on another runtime's cache
     assert (cache.captures, cache.replays) == (1, 1)
     assert torch.equal(call(cache, backend, "a", x, body), x)  # out of the block: replays
     assert cache.replays == 2
+    call(cache, backend, "b", x, body)
+    call(cache, backend, "c", x, body)
+    with pytest.raises(ValueError, match="2 captures in the block"), cache.capturing_ahead():
+        call(cache, backend, "b", x, body)
+        call(cache, backend, "c", x, body)
 
 
 def test_a_new_generation_drops_every_graph_and_starts_eagerly_again():

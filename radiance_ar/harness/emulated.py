@@ -73,11 +73,13 @@ class EmulatedRanks:
         """Rule 3: ``step(rank)``, an op call due for capture, on every rank's stream with
         that rank's graph cache capturing ahead (``caches[rank]``, its runtime's
         ``graphs()``: :meth:`radiance_ar.overlap.graphs.GraphCache.capturing_ahead`), then
-        :meth:`join`; the same calls made next replay."""
-        for rank in range(self.size):
-            with self.on(rank), caches[rank].capturing_ahead():
-                step(rank)
-        self.join()
+        :meth:`join`, also when a rank raises; the same calls made next replay."""
+        try:
+            for rank in range(self.size):
+                with self.on(rank), caches[rank].capturing_ahead():
+                    step(rank)
+        finally:
+            self.join()
 
     def each(self, step: Callable[[int], T]) -> list[T]:
         """``step(rank)`` on every rank's stream in rank order, then :meth:`join`."""

@@ -108,18 +108,26 @@ class GraphCache:
 
     @contextlib.contextmanager
     def capturing_ahead(self) -> Iterator[None]:
-        """Calls inside capture their graph and replay nothing: each returns None, and the
-        next call of that key replays (no call number is taken, no peer is waited for).
-        Every call inside must be due for capture (its key warmed up eagerly, not yet
-        captured), else ``ValueError``. For a driver of emulated ranks with active peers
-        (module doc): there every rank captures before any rank's replay can park."""
+        """ONE op call inside (``overlap.forward`` on this cache's runtime, not the torch
+        op, whose schema returns a tensor) captures its graph and replays nothing: it
+        returns None, and the next call of that key replays (the capture takes no call
+        number and waits for no peer). The call must be due for capture (its key warmed
+        up eagerly, not yet captured), else ``ValueError``; a block that captured nothing
+        (a call below min_m, inside a caller's graph, or on another runtime's cache, as an
+        auto runtime's child) raises ``ValueError`` at its end. For a driver of emulated
+        ranks with active peers (module doc): there every rank captures before any rank's
+        replay can park."""
         if self._ahead:
             raise ValueError("GraphCache.capturing_ahead: already capturing ahead")
-        self._ahead = True
+        self._ahead, before = True, self.captures
         try:
             yield
         finally:
             self._ahead = False
+        if self.captures != before + 1:
+            raise ValueError(f"GraphCache.capturing_ahead: {self.captures - before} captures in "
+                             "the block, expected 1 (one sliced op call due for capture on "
+                             "this cache's runtime)")
 
     def call(self, key: Hashable, generation: Callable[[], Hashable], x: torch.Tensor,
              out_shape: tuple[int, int], sig: CallSignature, backend: Any,
