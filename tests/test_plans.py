@@ -2,6 +2,8 @@
 auto) parsing, one case per plan where the op slices, the labels and file names that tell
 the plans apart, and the plot's series."""
 
+from types import SimpleNamespace
+
 import pytest
 
 import compare_backends
@@ -19,6 +21,27 @@ def test_plans_make_one_case_each_where_the_op_slices():
                    ("sdma", 4, "growing", "sdma M=64 S=4 growing"),
                    ("sdma", 4, "uniform", "sdma M=64 S=4"),
                    ("stock", 1, "uniform", "stock M=64 S=1")]
+
+
+def test_auto_slices_follow_the_rows_and_the_plan_as_the_op_cuts_them():
+    # sdma_wht6 at W = 2: uniform slices of about 1024 rows (2 to 8), growing ones 2
+    # (SdmaWht6Backend.preferred_slices_for); the op's own bounds agree with each case
+    from radiance_ar import backends
+    from radiance_ar.overlap.slicing import slice_count
+    args = compare_backends.parse_args(["--world", "2", "--backends", "sdma_wht6", "--m",
+                                        "2048,3000,4096,8192,16384", "--slices", "auto",
+                                        "--plans", "uniform,growing"])
+    got = [(c.rows, c.slices, c.plan) for c in compare_backends.cases(args, "cpu")]
+    assert got == [(2048, 2, "uniform"), (2048, 2, "growing"), (3000, 2, "uniform"),
+                   (3000, 2, "growing"), (4096, 4, "uniform"), (4096, 2, "growing"),
+                   (8192, 8, "uniform"), (8192, 2, "growing"), (16384, 8, "uniform"),
+                   (16384, 2, "growing")]
+
+    # slice_count asks a backend instance for its world's size
+    in_world = SimpleNamespace(world=SimpleNamespace(size=2),
+                               preferred_slices_for=backends.get("sdma_wht6").preferred_slices_for)
+    assert all(slice_count("auto", in_world, rows, plan) == s for rows, s, plan in got)
+    assert slice_count(3, in_world, 8192, "uniform") == 3  # a number wins over auto
 
 
 @pytest.mark.parametrize("plans,message", [(",", "no plan named"), ("", "no plan named"),
