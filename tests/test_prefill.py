@@ -164,6 +164,18 @@ def exact_stack(spec: prefill_measure.Spec) -> torch.Tensor:
     return torch.cat(outs[0])
 
 
+def test_an_arms_slices_are_the_ops_choice_per_chunk():
+    # auto: the op chooses per chunk (Backend.preferred_slices_for); the record lists the
+    # chunks' counts where they differ, and the arm's settings leave the choice to the op
+    spec = prefill_measure.Spec(TINY, layers=1, chunk_rows=(8192, 8192, 4096, 2048))
+    assert prefill_measure.arm_slices(spec, "sdma_wht6") == "8/4/2"  # tp 2: a slice per 1024 rows
+    assert prefill_measure.arm_slices(spec, "sdma") == 4
+    assert prefill_measure.settings(spec, "sdma_wht6").slices == "auto"
+    fixed = prefill_measure.Spec(TINY, layers=1, chunk_rows=(8192, 2048), slices=3)
+    assert prefill_measure.arm_slices(fixed, "sdma_wht6") == 3
+    assert prefill_measure.settings(fixed, "sdma_wht6").slices == 3
+
+
 def test_lockstep_checker_accepts_exact_sums_and_catches_a_missing_reduce():
     spec = prefill_measure.Spec(TINY, layers=1, chunk_rows=(32, 16))
     models = [spec.model(r, torch.device("cpu")) for r in range(2)]
