@@ -5,7 +5,9 @@
 # compare tool's JSON, CSV, PNGs and timeline), few files because a lent device returns few.
 # GPU_TESTS (space-separated test files) narrows the tests (default: every file marked gpu);
 # DEADLINE_S (default 540) stops starting test files once that many seconds have passed;
-# FILE_TIMEOUT_S (default 120) bounds each file (worlds of processes start slowly).
+# FILE_TIMEOUT_S (default 120) bounds each file (worlds of processes start slowly); a file
+# still running then gets the native stacks of its threads written into its log (gdb, where
+# installed: what a blocked CUDA call waits in) before it is killed.
 set -uo pipefail
 out=${1:?usage: tools/gpu_session.sh OUT_DIR [compare flags...]}
 shift
@@ -24,8 +26,21 @@ for f in ${GPU_TESTS:-$(grep -l "mark.gpu" tests/test_*.py)}; do
         echo "$f: not run (deadline)" >> "$out/summary.log"; continue
     fi
     log=/tmp/gpu_session_$(basename "$f" .py).log  # this file's output only
-    timeout "${FILE_TIMEOUT_S:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -o faulthandler_timeout=60 "$f" > "$log" 2>&1
-    rc=$?  # kept: a crash at interpreter exit (139) follows the pytest summary line
+    python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -o faulthandler_timeout=60 "$f" > "$log" 2>&1 &
+    pid=$! waited=0
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "${FILE_TIMEOUT_S:-120}" ]; do
+        sleep 1; waited=$((waited + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then  # over its time: how it blocks, then stop it
+        if command -v gdb > /dev/null; then
+            { printf "\n== still running after %ss: native stacks\n" "$waited"
+              timeout 60 gdb -p "$pid" -batch -iex "set auto-load off" -ex "thread apply all bt 30" 2>&1 | grep -v '^\[New LWP'
+            } >> "$log"
+        fi
+        pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rc=124
+    else
+        wait "$pid"; rc=$?  # kept: a crash at interpreter exit (139) follows the pytest summary line
+    fi
     { echo "===== $f"; cat "$log"; } >> "$out/pytest_full.log"
     verdict=$(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$log" | tail -1)  # pytest's last line
     echo "$f: rc $rc: ${verdict:-no pytest summary (killed or crashed first)} (${SECONDS}s)" \
