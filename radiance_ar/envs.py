@@ -200,7 +200,7 @@ KNOBS: dict[str, Knob] = {
              lo=1),
         Knob("RADIANCE_AR_OVERLAP_SLICES", int, "auto",
              "row slices of the pipeline, or `auto`: the backend's measured choice "
-             "(`Backend.preferred_slices_for`: per world size and rows, each citing its run; "
+             "(`Backend.preferred_slices_for`: per world size, rows and plan, each citing its run; "
              "`radiance_ar.overlap.slicing.slice_count`)",
              lo=1, hi=MAX_OVERLAP_SLICES, words=("auto",)),
         Knob("RADIANCE_AR_OVERLAP_PLAN", str, OVERLAP_PLANS[0],

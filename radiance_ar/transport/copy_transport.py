@@ -204,11 +204,11 @@ class CopyTransport:
         block with a decode lane, on the lane after ``stream``'s work so far
         (:mod:`radiance_ar.transport.side_lanes`), else on ``stream``. They may touch only
         bytes no later call of the block touches; the caller joins at the block's end."""
-        if self.decode_lane is None:
+        if self.decode_lane is None or not self.decode_lane.active:
             yield stream
             return
-        with self.decode_lane.beside(self.engine.stream(stream)) as handle:
-            yield stream if handle is None else handle
+        with self.decode_lane.current(self.engine.stream(stream)) as handle:
+            yield handle
 
     def _caller_stream(self) -> torch.cuda.Stream:
         return self.engine.stream(current_stream_handle(self.world.device))

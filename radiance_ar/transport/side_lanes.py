@@ -78,9 +78,9 @@ class SideLane:
 
 
 class DecodeLane(SideLane):
-    """The decode lane (module doc): used only inside a block of overlapped calls
-    (:meth:`block`), whose end makes the caller's stream wait for it; ``off`` keeps the
-    kernels on their call's stream (inside some graph captures)."""
+    """The decode lane (module doc): used only while :attr:`active`, inside a block of
+    overlapped calls (:meth:`block`), whose end makes the caller's stream wait for it, and
+    not switched off (:meth:`off_while`: inside some graph captures)."""
 
     def __init__(self, device: torch.device, caller: Callable[[], torch.cuda.Stream]):
         """``caller``: the caller's current stream at a block's end."""
@@ -100,22 +100,17 @@ class DecodeLane(SideLane):
             if not self._depth:
                 self.join(self._caller())
 
+    @property
+    def active(self) -> bool:
+        """Whether kernels go on the lane now (inside a block, not switched off)."""
+        return self._depth > 0 and not self.off
+
     @contextlib.contextmanager
     def off_while(self, off: bool) -> Iterator[None]:
         """With ``off`` True, keep the kernels on their call's stream inside (a capture
         where a forked lane blocks: ``CopyTransport.capture_round``)."""
-        self.off = off
+        was, self.off = self.off, self.off or off
         try:
             yield
         finally:
-            self.off = False
-
-    @contextlib.contextmanager
-    def beside(self, call: torch.cuda.Stream) -> Iterator[int | None]:
-        """Inside a block (and not ``off``): the lane made current after ``call``'s work so
-        far, yielding its handle; else nothing changes and ``None`` is yielded."""
-        if not self._depth or self.off:
-            yield None
-            return
-        with self.current(call) as handle:
-            yield handle
+            self.off = was
