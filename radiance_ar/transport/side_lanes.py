@@ -97,7 +97,7 @@ class DecodeLane(SideLane):
             yield
         finally:
             self._depth -= 1
-            if not self._depth:
+            if not self._depth and self._used:
                 self.join(self._caller())
 
     @property
