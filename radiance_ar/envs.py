@@ -1,7 +1,7 @@
 """Every environment knob of radiance-ar, declared once, and the backends' settings.
 
-Each knob is one :class:`Knob` in :data:`KNOBS`: its name, type, bounds, default and
-meaning. Everything else is derived from that declaration: the parser of its text, the
+Each knob is one :class:`~radiance_ar.knob.Knob` in :data:`KNOBS`: its name, type, bounds,
+default and meaning (the parsers live in :mod:`radiance_ar.knob`). Everything else is derived from that declaration: the parser of its text, the
 field of :class:`BackendSettings` (a backend knob), that field's check, and the settings
 table of the docs (:func:`settings_table`). No other module reads ``os.environ``. A bad
 value raises ``ValueError`` naming the variable, the value and what was expected; nothing
@@ -22,118 +22,11 @@ set here, by :func:`prepare_cuda_for_emulated_ranks`.
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass, fields, make_dataclass, replace
+from dataclasses import fields, make_dataclass, replace
 from typing import Any, ClassVar, Mapping
 
-#: how the boolean knobs may be spelled; an empty (or blank) value is off: ``VAR=`` in a
-#: launcher script means "not set"
-_BOOL_WORDS = {"1": True, "true": True, "True": True, "0": False, "false": False, "False": False,
-               "": False}
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One setting: what it is called, its type, what it accepts, its default and what it
-    means (markdown, for :func:`settings_table`)."""
-
-    name: str
-    type: type  # bool, int, float or str
-    default: Any  # the parsed value
-    doc: str
-    #: int and float: the accepted range (``hi`` None: no upper bound)
-    lo: float | None = None
-    hi: float | None = None
-    #: str: the accepted words (none: any non-empty name, checked elsewhere); int: words
-    #: taken besides the integers, each parsing to itself
-    words: tuple[str, ...] = ()
-    #: a backend knob: the :class:`BackendSettings` field it fills
-    field: str | None = None
-    #: str without words: a file path, where the empty value means "none"
-    path: bool = False
-
-    def __post_init__(self) -> None:
-        # A declaration whose default it refuses would fail only when the knob is unset.
-        if not self.accepts(self.default):
-            raise ValueError(f"knob {self.name}: default {self.default!r}: expected "
-                             f"{self.expected}")
-
-    @property
-    def expected(self) -> str:
-        """What a value must be, in words (for error messages and the docs)."""
-        if self.type is bool:
-            return "0 or 1"
-        if self.type is str:
-            if self.path:
-                return "a file path (empty: none)"
-            if self.words:
-                return f"one of {', '.join(self.words)}"
-            return f"a registered name, or {AUTO_BACKEND}"  # RADIANCE_AR_BACKEND, the only one
-        bounds = f">= {self.lo:g}" if self.hi is None else f"in [{self.lo:g}, {self.hi:g}]"
-        if self.type is float:
-            return f"a finite number {bounds}"
-        return "".join(f"{w} or " for w in self.words) + f"an integer {bounds}"
-
-    def accepts(self, value: Any) -> bool:
-        """Whether ``value`` (already of Python's types, not text) is in bounds."""
-        if isinstance(value, str) and value in self.words:
-            return True
-        if self.type is str:
-            return isinstance(value, str) and not self.words and (bool(value) or self.path)
-        if self.type is bool:
-            return isinstance(value, bool)
-        numbers = int if self.type is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, numbers):
-            return False
-        return math.isfinite(value) and self.lo <= value and (self.hi is None
-                                                             or value <= self.hi)
-
-    def parse(self, raw: str) -> Any:
-        """The value of the text ``raw``; ``ValueError`` names the knob, the text and what
-        was expected."""
-        text = raw.strip()
-        if self.type is bool:
-            value = _BOOL_WORDS.get(text)
-        elif self.type is int:
-            value = text if text in self.words else _ascii_int(text)
-        elif self.type is float:
-            value = _plain_float(text)
-        else:
-            value = text
-        if value is None or not self.accepts(value):
-            raise ValueError(f"{self.name}={raw!r}: expected {self.expected}"
-                             + (", in ASCII digits" if self.type is int else ""))
-        return value
-
-    @property
-    def default_text(self) -> str:
-        """The default as it would be written in the environment."""
-        if self.type is bool:
-            return "1" if self.default else "0"
-        return f"{self.default:g}" if self.type is float else str(self.default)
-
-
-def _ascii_int(text: str) -> int | None:
-    # Only 0-9: int() alone would also take "1_0", "+3" and non-ASCII digits ("١٠"),
-    # which no one means to write into a launcher script.
-    if not (text.isascii() and text.isdigit()):
-        return None
-    try:
-        return int(text)
-    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
-        return None
-
-
-def _plain_float(text: str) -> float | None:
-    # The integers' spelling rule: float() also takes "1_0" and non-ASCII digits.
-    if not text.isascii() or "_" in text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
+from radiance_ar.knob import Knob
 
 #: Bounds of RADIANCE_AR_SPIN_TIMEOUT_MS. Below 1 ms calls fail before a healthy peer can
 #: arrive; past 10 minutes a missing peer looks like a hang (1e300 ms is one), which is
@@ -156,9 +49,12 @@ MAX_REDUCE_CTAS = 1024
 MAX_CALL_STREAMS = 2
 #: RADIANCE_AR_OP_GRAPHS: the first is the default
 OP_GRAPHS = ("auto", "on", "off")
-#: RADIANCE_AR_OP_GRAPHS_MAX's sanity bound: a graph holds a few hundred host and device
-#: nodes, so thousands are megabytes of driver memory with no use (a model has ~200 layers)
-MAX_OP_GRAPHS = 4096
+#: the op's graphs per process at most, and RADIANCE_AR_OP_GRAPHS_PER_LAYER's bound: a graph
+#: holds a few hundred nodes (Llama-3.1-70B routes 160 linears: 4 shapes each, 640 graphs)
+MAX_OP_GRAPHS, MAX_OP_GRAPHS_PER_LAYER = 4096, 64
+#: retired knobs and what replaced them: set, they stop start-up (snapshot, given)
+RETIRED_KNOBS = {"RADIANCE_AR_OP_GRAPHS_MAX": "RADIANCE_AR_OP_GRAPHS_PER_LAYER (graphs kept "
+                 "per layer, not per process; docs/design.md 3.6)"}
 #: the slicing plans of the op (radiance_ar/overlap/slicing.py), the first the default
 OVERLAP_PLANS = ("uniform", "growing")
 #: RADIANCE_AR_ACCURACY, the accuracy classes of RADIANCE_AR_BACKEND=auto
@@ -184,7 +80,8 @@ KNOBS: dict[str, Knob] = {
              "AR strategy: a registry name or alias (`python -c \"from radiance_ar import "
              "backends; print(backends.names())\"`), or `auto`: per call, the fastest "
              "configuration a tuning table measured for its M and N "
-             "(`radiance_ar/overlap/tuning.py`, `RADIANCE_AR_TUNING`, `RADIANCE_AR_ACCURACY`)"),
+             "(`radiance_ar/overlap/tuning.py`, `RADIANCE_AR_TUNING`, `RADIANCE_AR_ACCURACY`)",
+             names=f"a registered name, or {AUTO_BACKEND}"),
         Knob("RADIANCE_AR_TUNING", str, "",
              "`RADIANCE_AR_BACKEND=auto`: the tuning file `tools/tune.py` wrote on this "
              "machine; empty: the table shipped with the package, measured on an H200 (a "
@@ -219,10 +116,13 @@ KNOBS: dict[str, Knob] = {
              "sdma and sdma_wht6 also run inside a caller's CUDA graph (vLLM's) where the "
              "watchdog runs (docs/design.md 3.6); `off` refuses that too",
              words=OP_GRAPHS),
-        Knob("RADIANCE_AR_OP_GRAPHS_MAX", int, 256,
-             "captured op calls kept per process (least recently used dropped first): one "
-             "per layer and M, since a graph holds its layer's weight by address",
-             lo=1, hi=MAX_OP_GRAPHS),
+        Knob("RADIANCE_AR_OP_GRAPHS_PER_LAYER", int, 4,
+             "captured op calls kept per layer, one per M (a graph holds its layer's weight "
+             "by address; least recently used dropped first): a chunked prefill's recurring "
+             "M values (the full chunk, a remainder that comes back) need one each; where "
+             "more recur, graphs are dropped and captured again, which a warning says once. "
+             f"At most {MAX_OP_GRAPHS} graphs per process in all",
+             lo=1, hi=MAX_OP_GRAPHS_PER_LAYER),
         Knob("RADIANCE_AR_PEER_MEMORY", str, PEER_MEMORIES[0],
              "where GPU ranks in processes keep their peer buffers and flags "
              "(`radiance_ar/transport/world.py`): `symm` (symmetric memory, one GPU per "
@@ -281,7 +181,16 @@ def given(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The knobs that are set in the environment, parsed (``ValueError`` on a bad one);
     unset knobs are left out, not filled with their defaults."""
     env = os.environ if environ is None else environ
+    refuse_retired(env)
     return {name: get(name, env) for name in KNOBS if name in env}
+
+
+def refuse_retired(environ: Mapping[str, str] | None = None) -> None:
+    """``ValueError`` naming a retired knob set in ``environ`` and its replacement."""
+    env = os.environ if environ is None else environ
+    for name, replacement in RETIRED_KNOBS.items():
+        if name in env:
+            raise ValueError(f"{name}={env[name]!r}: this setting is retired; use {replacement}")
 
 
 def settings_table() -> str:
@@ -393,5 +302,7 @@ def prepare_cuda_for_emulated_ranks(environ: dict[str, str] | None = None) -> No
 
 
 def snapshot(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Every knob parsed at once, so that start-up reports all bad values up front."""
+    """Every knob parsed at once (a retired one refused), so that start-up reports all bad
+    values up front."""
+    refuse_retired(environ)
     return {name: get(name, environ) for name in KNOBS}

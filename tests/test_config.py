@@ -23,7 +23,7 @@ BAD_VALUES = {
     "RADIANCE_AR_WATCHDOG_S": ["-1", "nan", "inf", "5 min", "1e9"],
     "RADIANCE_AR_SDMA_SCHEDULE": ["", "one-shot", "ring"],
     "RADIANCE_AR_OP_GRAPHS": ["2", "no", "1", "ON"],
-    "RADIANCE_AR_OP_GRAPHS_MAX": ["0", "4097", "-1", "many"],
+    "RADIANCE_AR_OP_GRAPHS_PER_LAYER": ["0", "65", "-1", "many", "4.0"],
     # a path is parsed, then loaded: a file that is missing or not a tuning file stops start-up
     "RADIANCE_AR_TUNING": ["/nonexistent/tuning.json", os.devnull],
     "RADIANCE_AR_ACCURACY": ["", "Exact", "fast", "auto"],
@@ -118,6 +118,15 @@ def test_good_values_parse():
 def test_unknown_knob_is_a_key_error():
     with pytest.raises(KeyError, match="RADIANCE_AR_NOPE"):
         envs.get("RADIANCE_AR_NOPE")
+
+
+@pytest.mark.parametrize("read", [from_env, envs.given, lambda env: reconcile(CODE, env)])
+def test_a_retired_knob_set_stops_start_up_naming_its_replacement(read):
+    # RADIANCE_AR_OP_GRAPHS_MAX counted graphs per process; left set, it would be ignored
+    with pytest.raises(ValueError, match=r"RADIANCE_AR_OP_GRAPHS_MAX='256': this setting is "
+                                         r"retired; use RADIANCE_AR_OP_GRAPHS_PER_LAYER"):
+        read({"RADIANCE_AR_OP_GRAPHS_MAX": "256"})
+    assert not set(envs.RETIRED_KNOBS) & set(envs.KNOBS)
 
 
 def test_registry_rejects_duplicate_names():
@@ -216,7 +225,7 @@ PADDED = {
     "RADIANCE_AR_WATCHDOG_S": [(" 0\n", 0.0), ("\t600 ", 600.0)],
     "RADIANCE_AR_SDMA_SCHEDULE": [(" twoshot ", "twoshot")],
     "RADIANCE_AR_OP_GRAPHS": [(" off ", "off")],
-    "RADIANCE_AR_OP_GRAPHS_MAX": [(" 8\n", 8)],
+    "RADIANCE_AR_OP_GRAPHS_PER_LAYER": [(" 8\n", 8)],
     "RADIANCE_AR_TUNING": [(" /some/tuning.json\n", "/some/tuning.json"), (" ", "")],
     "RADIANCE_AR_ACCURACY": [(" quantized ", "quantized")],
     "RADIANCE_AR_PEER_MEMORY": [(" host\n", "host"), ("symm ", "symm")],
@@ -360,7 +369,7 @@ EVERY_KNOB_SET = {
     "RADIANCE_AR_OVERLAP": "1", "RADIANCE_AR_BACKEND": "sdma", "RADIANCE_AR_TUNING": "",
     "RADIANCE_AR_ACCURACY": "quantized", "RADIANCE_AR_OVERLAP_MIN_M": "64",
     "RADIANCE_AR_OVERLAP_SLICES": "8", "RADIANCE_AR_OVERLAP_PLAN": "growing",
-    "RADIANCE_AR_OP_GRAPHS": "off", "RADIANCE_AR_OP_GRAPHS_MAX": "8",
+    "RADIANCE_AR_OP_GRAPHS": "off", "RADIANCE_AR_OP_GRAPHS_PER_LAYER": "8",
     "RADIANCE_AR_PEER_MEMORY": "host", "RADIANCE_AR_SPIN_TIMEOUT_MS": "250",
     "RADIANCE_AR_WATCHDOG_S": "300", "RADIANCE_AR_SDMA_SCHEDULE": "twoshot", "RADIANCE_AR_ONESHOT_CTAS": "36",
     "RADIANCE_AR_SDMA_REDUCE_CTAS": "64", "RADIANCE_AR_SDMA_CALL_STREAMS": "1",

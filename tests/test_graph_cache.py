@@ -7,6 +7,7 @@ import contextlib
 import pytest
 import torch
 
+from radiance_ar import envs
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.overlap.graphs import GraphCache
 
@@ -28,14 +29,14 @@ class Backend:
         self.replayed.append((sig, rnd))
 
 
-def make(limit=4):
+def make(per_layer=4, limit=4):
     backend, bodies = Backend(), []
 
     def capture(be, run):
         assert be is backend
         return Replayable(run), f"round {len(bodies)}"
 
-    return GraphCache(torch.device("cpu"), limit, capture), backend, bodies
+    return GraphCache(torch.device("cpu"), per_layer, capture, limit), backend, bodies
 
 
 def body_for(bodies, scale):
@@ -45,9 +46,11 @@ def body_for(bodies, scale):
     return body
 
 
-def call(cache, backend, key, x, body, generation=0):
-    sig = CallSignature(x.shape[0], x.shape[1], x.dtype)
-    return cache.call(key, lambda: generation, x, tuple(x.shape), sig, backend, body)
+def call(cache, backend, key, x, body, generation=0, layer=None):
+    """One op call of ``key``, in a layer of its own unless ``layer`` is given."""
+    sig = CallSignature(x.shape[0], x.shape[1], x.dtype, layer=layer or 0)
+    return cache.call(key, key if layer is None else layer, lambda: generation, x,
+                      tuple(x.shape), sig, backend, body)
 
 
 def test_eager_then_captured_then_replayed_with_new_inputs_each_time():
@@ -130,17 +133,60 @@ def test_least_recently_used_goes_first_with_its_persistent_buffers():
     assert held == sum(2 * r * c * 4 for r, c in (shapes["a"], shapes["c"]))
 
 
-def test_the_keys_remembered_are_bounded():
-    cache, backend, bodies = make(limit=1)
+def test_the_keys_remembered_are_bounded(monkeypatch):
+    monkeypatch.setattr(GraphCache, "SEEN_KEYS", 5)
+    cache, backend, bodies = make(per_layer=1, limit=1)
     x = torch.randn(2, 2)
     for key in range(20):
         call(cache, backend, key, x, body_for(bodies, 1.0))
-    assert len(cache._seen) == GraphCache.SEEN_PER_GRAPH
+    assert list(cache._seen) == list(range(15, 20))
+    for key in range(15, 20):  # captured in turn: each drops the one before
+        call(cache, backend, key, x, body_for(bodies, 1.0))
+    assert len(cache) == 1 and list(cache._dropped) == list(range(15, 19))
 
 
-def test_limit_is_checked():
-    with pytest.raises(ValueError, match="limit 0"):
-        GraphCache(torch.device("cpu"), 0)
+def test_a_model_with_two_recurring_m_values_replays_every_call_after_its_captures():
+    # Llama-3.1-70B at TP 4 routes 160 linears (80 layers: o_proj, down_proj); a chunked
+    # prefill alternates a full chunk with a remainder that comes back. A process-wide LRU
+    # of 256 graphs dropped each graph before its next use (2880 captures in 3200 calls);
+    # the default quota of 4 graphs per layer keeps all 320.
+    per_layer = envs.KNOBS["RADIANCE_AR_OP_GRAPHS_PER_LAYER"].default
+    cache, backend, bodies = make(per_layer=per_layer, limit=envs.MAX_OP_GRAPHS)
+    rounds, layers, rows = 10, 160, (8, 12)
+    for _ in range(rounds):
+        for m in rows:
+            for layer in range(1, layers + 1):
+                x = torch.full((m, 2), float(layer))
+                out = call(cache, backend, (m, layer), x, body_for(bodies, 2.0), layer=layer)
+                assert torch.equal(out, x * 2.0)
+    calls = rounds * len(rows) * layers
+    assert (cache.captures, cache.replays, cache.recaptures) == (320, calls - 320, 0)
+    assert len(cache) == 320 and cache.memory()["static_bytes"] == 2 * sum(m * 2 * 4 for m in rows)
+
+
+def test_a_layer_over_its_quota_drops_its_own_oldest_graph_and_says_so_once(caplog):
+    cache, backend, bodies = make(per_layer=2, limit=64)
+    other = torch.randn(4, 2)
+    for _ in range(2):
+        call(cache, backend, "other", other, body_for(bodies, 1.0), layer=9)
+    for _ in range(3):  # three shapes of layer 7 recur in turn: each capture drops one
+        for m in (2, 3, 5):
+            x = torch.randn(m, 2)
+            assert torch.equal(call(cache, backend, ("L7", m), x, body_for(bodies, 3.0),
+                                    layer=7), x * 3.0)
+    assert "other" in cache._entries  # another layer's graph is never dropped for layer 7
+    assert sorted(k for k in cache._entries if k != "other") == [("L7", 3), ("L7", 5)]
+    assert (cache.captures, cache.recaptures) == (1 + 3 + 3, 3)
+    warned = [r for r in caplog.records if "dropped for room is captured again" in r.message]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    assert "layer 7, 2 rows" in warned[0].message and "RADIANCE_AR_OP_GRAPHS_PER_LAYER" in warned[0].message
+
+
+@pytest.mark.parametrize("per_layer, limit, named", [(0, 8, "per_layer 0"), (2, 0, "limit 0"),
+                                                     (True, 8, "per_layer True")])
+def test_quota_and_limit_are_checked(per_layer, limit, named):
+    with pytest.raises(ValueError, match=named):
+        GraphCache(torch.device("cpu"), per_layer, limit=limit)
 
 
 @pytest.mark.parametrize("fails", [None, "begin", "body", "end"])

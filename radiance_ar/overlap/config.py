@@ -37,10 +37,10 @@ class OverlapSettings:
     backend_settings: BackendSettings = field(default_factory=BackendSettings)
     #: RADIANCE_AR_OVERLAP_PLAN (radiance_ar/overlap/slicing.py); keyword-only, after the settings
     plan: str = field(default=envs.OVERLAP_PLANS[0], kw_only=True)
-    #: RADIANCE_AR_OP_GRAPHS, RADIANCE_AR_OP_GRAPHS_MAX (radiance_ar/overlap/graphs.py)
+    #: RADIANCE_AR_OP_GRAPHS, RADIANCE_AR_OP_GRAPHS_PER_LAYER (radiance_ar/overlap/graphs.py)
     graphs: str = field(default=envs.KNOBS["RADIANCE_AR_OP_GRAPHS"].default, kw_only=True)
-    graphs_max: int = field(default=envs.KNOBS["RADIANCE_AR_OP_GRAPHS_MAX"].default,
-                            kw_only=True)
+    graphs_per_layer: int = field(default=envs.KNOBS["RADIANCE_AR_OP_GRAPHS_PER_LAYER"].default,
+                                  kw_only=True)
     #: RADIANCE_AR_TUNING, RADIANCE_AR_ACCURACY: backend ``auto``'s table ("" : the shipped
     #: one) and accuracy class (radiance_ar/overlap/tuning.py)
     tuning: str = field(default=envs.KNOBS["RADIANCE_AR_TUNING"].default, kw_only=True)
@@ -58,7 +58,7 @@ class OverlapSettings:
                                       or isinstance(self.slices, bool) or self.slices < 1):
             raise ValueError(f"OverlapSettings: slices {self.slices!r}: expected an int >= 1 "
                              "or 'auto'")
-        for name in ("graphs", "graphs_max", "tuning", "accuracy"):
+        for name in ("graphs", "graphs_per_layer", "tuning", "accuracy"):
             knob = envs.KNOBS[KNOB_OF[name]]
             if not knob.accepts(getattr(self, name)):
                 raise ValueError(f"OverlapSettings: {name} {getattr(self, name)!r}: expected "
@@ -74,7 +74,7 @@ KNOB_OF = {
     "slices": "RADIANCE_AR_OVERLAP_SLICES",
     "plan": "RADIANCE_AR_OVERLAP_PLAN",
     "graphs": "RADIANCE_AR_OP_GRAPHS",
-    "graphs_max": "RADIANCE_AR_OP_GRAPHS_MAX",
+    "graphs_per_layer": "RADIANCE_AR_OP_GRAPHS_PER_LAYER",
     "tuning": "RADIANCE_AR_TUNING",
     "accuracy": "RADIANCE_AR_ACCURACY",
 }

@@ -22,9 +22,15 @@ What a replay must keep, and how:
   shape); the weight is the caller's tensor, which the key holds by address (a layer's
   weight does not move). A buffer that grows (the backend's, the scratch pool's) moves:
   every graph is then dropped (its generation is stale) and captured again.
-- Memory: graphs share one private pool; the cache holds at most
-  ``RADIANCE_AR_OP_GRAPHS_MAX`` graphs (least recently used goes first); :meth:`memory`
-  reports what it holds.
+- Memory: graphs share one private pool. A graph holds its layer's weight, so a model
+  needs one per routed linear and recurring M: the cache keeps
+  ``RADIANCE_AR_OP_GRAPHS_PER_LAYER`` graphs per layer (the layer's least recently used
+  goes first) and ``envs.MAX_OP_GRAPHS`` in all; :meth:`memory` reports what it holds.
+  A process-wide count would thrash: Llama-3.1-70B routes 160 linears, and with two M
+  values recurring (a full chunk and a remainder) an LRU of 256 graphs dropped every
+  graph before its next use, so every call captured (the CPU model of
+  tests/test_graph_cache.py: 2880 captures in 3200 calls). A graph dropped and captured
+  again is counted (``recaptures``) and warned about once.
 
 What a replay costs the host (H200 host, CUDA 13.0, graphs of 8 and 128 nodes of one
 kind; tools/results/2026-12-04-h200-replay-node-costs/): ``graph.replay()`` takes about
@@ -48,12 +54,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
 import torch
 
 from radiance_ar.call_contract import CallSignature
+from radiance_ar.envs import MAX_OP_GRAPHS
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.transport.copy_engine import dedicated_stream
 from radiance_ar.transport.tokens import TokenRound
@@ -66,35 +74,44 @@ class _Entry:
     x: torch.Tensor  # the persistent input the graph reads
     out: torch.Tensor  # the persistent output the graph writes
     generation: Hashable
+    layer: Hashable  # the layer it belongs to (its quota: GraphCache.per_layer)
 
 
 class GraphCache:
     """Captured op calls of one runtime, by key (see the module doc)."""
 
-    #: keys remembered as warmed up, per graph the cache may hold (oldest forgotten first:
-    #: a forgotten key runs eagerly once more, on every rank alike)
-    SEEN_PER_GRAPH = 4
+    #: keys remembered as warmed up (oldest forgotten first: a forgotten key runs eagerly
+    #: once more, on every rank alike), and keys remembered as dropped for room; the op's
+    #: memo of sliced calls has the same bound (OverlapRuntime.remember_sliced_call)
+    SEEN_KEYS = 4096
 
-    def __init__(self, device: torch.device, limit: int,
-                 capture: Callable[[Any, Callable[[], None]], tuple[Any, TokenRound]] | None = None):
-        """``capture(backend, run)``: capture ``run()`` into a graph, returning the graph
-        (anything with ``replay()``) and the backend's token round; default: a CUDA graph
-        on a stream of the cache's own (:meth:`capture_cuda_graph`)."""
-        if not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"GraphCache: limit {limit!r}: expected an int >= 1")
-        self.device, self.limit = device, limit
+    def __init__(self, device: torch.device, per_layer: int,
+                 capture: Callable[[Any, Callable[[], None]], tuple[Any, TokenRound]] | None = None,
+                 limit: int = MAX_OP_GRAPHS):
+        """``per_layer``: graphs kept per layer, ``limit``: in all. ``capture(backend, run)``:
+        capture ``run()`` into a graph, returning the graph (anything with ``replay()``) and
+        the backend's token round; default: a CUDA graph on a stream of the cache's own
+        (:meth:`capture_cuda_graph`)."""
+        for name, value in (("per_layer", per_layer), ("limit", limit)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GraphCache: {name} {value!r}: expected an int >= 1")
+        self.device, self.per_layer, self.limit = device, per_layer, limit
         self._capture_graph = capture if capture is not None else self.capture_cuda_graph
         self._entries: collections.OrderedDict[Hashable, _Entry] = collections.OrderedDict()
         #: key -> the generation its eager warm-up call ran in (captured at the next call)
         self._seen: dict[Hashable, Hashable] = {}
+        #: keys whose graph was dropped for room (a capture of one is a recapture)
+        self._dropped: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
         self._static: dict[tuple, torch.Tensor] = {}  # persistent x / out per shape
         self._pool: Any = None
         #: captures run here, never on the caller's stream, which may be the default one
         #: (CUDA captures no legacy default stream); replays go on the caller's
         self._capture_stream: torch.cuda.Stream | None = None
-        #: captures made and replays launched (reports; tests check the cache is used)
+        #: captures made, replays launched, and captures of a graph dropped for room before
+        #: (reports; tests check the cache is used and does not thrash)
         self.captures = 0
         self.replays = 0
+        self.recaptures = 0
         self._ahead = False  # inside capturing_ahead()
 
     def __len__(self) -> int:
@@ -129,11 +146,12 @@ class GraphCache:
                              "the block, expected 1 (one sliced op call due for capture on "
                              "this cache's runtime)")
 
-    def call(self, key: Hashable, generation: Callable[[], Hashable], x: torch.Tensor,
-             out_shape: tuple[int, int], sig: CallSignature, backend: Any,
+    def call(self, key: Hashable, layer: Hashable, generation: Callable[[], Hashable],
+             x: torch.Tensor, out_shape: tuple[int, int], sig: CallSignature, backend: Any,
              body: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor | None:
         """``body(x, out)`` (the op's sliced path) for ``x``: eagerly the first time its
-        ``key`` is seen, captured the second, replayed after. ``generation()`` names the
+        ``key`` is seen, captured the second, replayed after; ``layer`` names the layer
+        whose quota of graphs it counts in (its weight). ``generation()`` names the
         buffers a graph bakes in (it is asked after the body ran, when they have grown);
         ``sig`` is the op call's signature (its header per replay). Inside
         :meth:`capturing_ahead`: captured only, returning None."""
@@ -148,18 +166,17 @@ class GraphCache:
                     f"GraphCache.capturing_ahead: the call of {key!r} is not due for capture "
                     f"({'captured already' if entry is not None else 'not run eagerly first'}); "
                     "capture ahead only the call that follows a shape's eager one")
-            self._capture(key, x, out_shape, backend, body, generation)
+            self._capture(key, layer, x, out_shape, sig, backend, body, generation)
             return None
         if entry is None and self._seen.get(key) != now:
             out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
             body(x, out)
             self._seen.pop(key, None)
             self._seen[key] = generation()
-            while len(self._seen) > self.SEEN_PER_GRAPH * self.limit:  # oldest first
-                self._seen.pop(next(iter(self._seen)))
+            _forget_oldest(self._seen)
             return out
         if entry is None:
-            entry = self._capture(key, x, out_shape, backend, body, generation)
+            entry = self._capture(key, layer, x, out_shape, sig, backend, body, generation)
         self._entries.move_to_end(key)
         entry.x.copy_(x)
         stream = current_stream_handle(self.device)
@@ -174,12 +191,24 @@ class GraphCache:
         """Drop every graph (their buffers moved, or the runtime closes)."""
         self._entries.clear()
         self._seen.clear()
+        self._dropped.clear()
         self._static.clear()
 
-    def _evict_oldest(self) -> None:
-        """Drop the least recently used graph, and the persistent tensors of a shape no
-        graph left uses: memory stays bounded however many M values come."""
-        self._entries.popitem(last=False)
+    def _make_room(self, layer: Hashable) -> None:
+        """Before a capture for ``layer``: drop its least recently used graph where it has
+        its quota, else the least recently used of all where the cache is full."""
+        mine = [k for k, e in self._entries.items() if e.layer == layer]
+        if len(mine) >= self.per_layer:
+            self._drop(mine[0])
+        elif len(self._entries) >= self.limit:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: Hashable) -> None:
+        """Drop ``key``'s graph, and the persistent tensors of a shape no graph left uses:
+        memory stays bounded however many M values come."""
+        del self._entries[key]
+        self._dropped[key] = None
+        _forget_oldest(self._dropped)
         used = {(role, tuple(t.shape), t.dtype) for e in self._entries.values()
                 for role, t in (("x", e.x), ("out", e.out))}
         for key in [k for k in self._static if k not in used]:
@@ -192,15 +221,25 @@ class GraphCache:
             t = self._static[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return t
 
-    def _capture(self, key: Hashable, x: torch.Tensor, out_shape: tuple[int, int],
-                 backend: Any, body: Callable, generation: Callable[[], Hashable]) -> _Entry:
-        if len(self._entries) >= self.limit:
-            self._evict_oldest()
+    def _capture(self, key: Hashable, layer: Hashable, x: torch.Tensor,
+                 out_shape: tuple[int, int], sig: CallSignature, backend: Any, body: Callable,
+                 generation: Callable[[], Hashable]) -> _Entry:
+        if key in self._dropped:
+            del self._dropped[key]
+            self.recaptures += 1
+            if self.recaptures == 1:
+                logging.getLogger("radiance_ar").warning(
+                    "radiance-ar op graphs: a graph dropped for room is captured again (layer "
+                    "%d, %d rows): more shapes recur than the cache keeps (%d per layer, "
+                    "RADIANCE_AR_OP_GRAPHS_PER_LAYER; %d in all), so such calls capture "
+                    "instead of replaying; said once, counted in GraphCache.recaptures",
+                    sig.layer, sig.rows, self.per_layer, self.limit)
+        self._make_room(layer)
         x_static = self._static_tensor("x", tuple(x.shape), x.dtype)
         out_static = self._static_tensor("out", out_shape, x.dtype)
         graph, rnd = self._capture_graph(backend, lambda: body(x_static, out_static))
         self.captures += 1
-        entry = _Entry(graph, rnd, x_static, out_static, generation())
+        entry = _Entry(graph, rnd, x_static, out_static, generation(), layer)
         self._entries[key] = entry
         return entry
 
@@ -223,3 +262,9 @@ class GraphCache:
                     graph.capture_end()
         return graph, rnd
 
+
+
+def _forget_oldest(remembered: dict) -> None:
+    """Bound a dict of remembered keys at :attr:`GraphCache.SEEN_KEYS`, oldest out first."""
+    while len(remembered) > GraphCache.SEEN_KEYS:
+        remembered.pop(next(iter(remembered)))

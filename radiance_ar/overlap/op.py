@@ -116,7 +116,8 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
             with rt.caller_capture_round(known.sig) if in_capture else contextlib.nullcontext():
                 body(x, out)
             return out
-        return graphs.call(operands, lambda: (rt.scratch.growths, backend.generation), x,
+        return graphs.call(operands, weight.data_ptr(),
+                           lambda: (rt.scratch.growths, backend.generation), x,
                            (plan.rows, plan.cols), known.sig, backend, body)
     except CollectiveError:
         _release_peer_in_vendor_call(rt)

@@ -71,7 +71,7 @@ class OverlapRuntime:
     def remember_sliced_call(self, operands: tuple, call: Any) -> Any:
         """Keep ``call`` (the op's plan and signature of a sliced call) for ``operands``;
         the memo starts over past as many entries as the graph cache remembers keys."""
-        if len(self.sliced_calls) >= self.settings.graphs_max * GraphCache.SEEN_PER_GRAPH:
+        if len(self.sliced_calls) >= GraphCache.SEEN_KEYS:
             self.sliced_calls.clear()
         self.sliced_calls[operands] = call
         return call
@@ -110,7 +110,7 @@ class OverlapRuntime:
                      f"replayed: {reason}")
             return None
         if self._graphs is None:
-            self._graphs = GraphCache(self.world.device, self.settings.graphs_max)
+            self._graphs = GraphCache(self.world.device, self.settings.graphs_per_layer)
         return self._graphs
 
     @property
