@@ -4,6 +4,7 @@ output-path checks and one quick CPU-world run (the timeline's: tests/test_timel
 import csv
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -357,3 +358,16 @@ def test_host_world_summary_tables_every_file_and_says_whether_targets_are_met(t
     assert summary.main([wrong]) == 1 and "WRONG" in capsys.readouterr().out
     assert summary.main([str(tmp_path / "none.json")]) == 1
     assert "MISSING" in capsys.readouterr().out
+
+
+def test_graph_costs_reads_resident_memory_and_refuses_without_a_gpu(tmp_path, capsys):
+    from radiance_ar.diagnostics import graph_costs
+    statm = tmp_path / "statm"
+    statm.write_text("1000 250 30 4 0 300 0\n")
+    assert graph_costs.resident_bytes(str(statm)) == 250 * os.sysconf("SC_PAGE_SIZE")
+    statm.write_text("garbled\n")
+    assert graph_costs.resident_bytes(str(statm)) is None
+    assert graph_costs.resident_bytes(str(tmp_path / "missing")) is None
+    if not torch.cuda.is_available():
+        assert graph_costs.main(["--rows", "2048"]) == 2
+        assert "needs a CUDA device" in capsys.readouterr().err
