@@ -123,7 +123,7 @@ def test_a_new_generation_drops_every_graph_and_starts_eagerly_again():
 
 def test_least_recently_used_goes_first_with_its_persistent_buffers():
     cache, backend, bodies = make(limit=2)
-    shapes = {"a": (8, 4), "b": (16, 4), "c": (32, 4)}
+    shapes = {"a": (8, 4), "b": (16, 5), "c": (32, 6)}  # no two share a persistent buffer
     for key in ("a", "b", "a", "c"):  # each key: eager, then captured at its second call
         x = torch.randn(*shapes[key])
         for _ in range(2):
@@ -131,6 +131,28 @@ def test_least_recently_used_goes_first_with_its_persistent_buffers():
     assert list(cache._entries) == ["a", "c"]  # b was least recently used
     held = cache.memory()["static_bytes"]
     assert held == sum(2 * r * c * 4 for r, c in (shapes["a"], shapes["c"]))
+
+
+def test_every_m_binds_the_first_rows_of_one_buffer_which_grows_to_the_largest():
+    cache, backend, bodies = make(limit=8)
+    xs = {m: [torch.randn(m, 3) for _ in range(4)] for m in (6, 10, 4)}
+
+    def calls(m, n):
+        for x in xs[m][:n]:
+            assert torch.equal(call(cache, backend, ("k", m), x, body_for(bodies, 5.0)), x * 5.0)
+
+    calls(6, 3)  # eager, captured and replayed, replayed
+    six = cache._entries[("k", 6)]
+    calls(4, 3)  # fewer rows: the same buffers
+    assert cache._entries[("k", 4)].x.data_ptr() == six.x.data_ptr()
+    assert cache.memory()["static_bytes"] == 2 * 6 * 3 * 4
+    calls(10, 2)  # more rows: the buffers grow, the graphs bound to the old ones go
+    assert list(cache._entries) == [("k", 10)] and cache.captures == 3
+    assert cache.memory()["static_bytes"] == 2 * 10 * 3 * 4
+    calls(6, 4)  # captured again on the grown buffers (not a recapture: nothing was full)
+    calls(4, 4)
+    assert (cache.captures, cache.recaptures, len(cache)) == (5, 0, 3)
+    assert len({e.x.data_ptr() for e in cache._entries.values()}) == 1
 
 
 def test_the_keys_remembered_are_bounded(monkeypatch):
@@ -145,41 +167,47 @@ def test_the_keys_remembered_are_bounded(monkeypatch):
     assert len(cache) == 1 and list(cache._dropped) == list(range(15, 19))
 
 
-def test_a_model_with_two_recurring_m_values_replays_every_call_after_its_captures():
+@pytest.mark.parametrize("rows, captured", [((12, 8), 320), ((8, 12), 480)])
+def test_a_model_with_two_recurring_m_values_replays_every_call_after_its_captures(rows, captured):
     # Llama-3.1-70B at TP 4 routes 160 linears (80 layers: o_proj, down_proj); a chunked
     # prefill alternates a full chunk with a remainder that comes back. A process-wide LRU
     # of 256 graphs dropped each graph before its next use (2880 captures in 3200 calls);
-    # the default quota of 4 graphs per layer keeps all 320.
+    # the default quota of 4 graphs per layer keeps all 320. Where the smaller M is captured
+    # first, the larger grows the persistent buffers once, and the smaller M's graphs are
+    # captured again once (160 more).
     per_layer = envs.KNOBS["RADIANCE_AR_OP_GRAPHS_PER_LAYER"].default
     cache, backend, bodies = make(per_layer=per_layer, limit=envs.MAX_OP_GRAPHS)
-    rounds, layers, rows = 10, 160, (8, 12)
-    for _ in range(rounds):
+    rounds, layers = 10, 160
+    for n in range(rounds):
         for m in rows:
             for layer in range(1, layers + 1):
                 x = torch.full((m, 2), float(layer))
                 out = call(cache, backend, (m, layer), x, body_for(bodies, 2.0), layer=layer)
                 assert torch.equal(out, x * 2.0)
+        if n == 2:
+            after_warm_up = cache.captures
     calls = rounds * len(rows) * layers
-    assert (cache.captures, cache.replays, cache.recaptures) == (320, calls - 320, 0)
-    assert len(cache) == 320 and cache.memory()["static_bytes"] == 2 * sum(m * 2 * 4 for m in rows)
+    assert (cache.captures, after_warm_up, cache.recaptures) == (captured, captured, 0)
+    assert cache.replays == calls - len(rows) * layers  # every call but the first of each key
+    assert len(cache) == 320 and cache.memory()["static_bytes"] == 2 * max(rows) * 2 * 4
 
 
 def test_a_layer_over_its_quota_drops_its_own_oldest_graph_and_says_so_once(caplog):
     cache, backend, bodies = make(per_layer=2, limit=64)
-    other = torch.randn(4, 2)
+    other = torch.randn(4, 3)
     for _ in range(2):
         call(cache, backend, "other", other, body_for(bodies, 1.0), layer=9)
     for _ in range(3):  # three shapes of layer 7 recur in turn: each capture drops one
-        for m in (2, 3, 5):
+        for m in (5, 3, 2):  # largest first: the persistent buffers never grow
             x = torch.randn(m, 2)
             assert torch.equal(call(cache, backend, ("L7", m), x, body_for(bodies, 3.0),
                                     layer=7), x * 3.0)
     assert "other" in cache._entries  # another layer's graph is never dropped for layer 7
-    assert sorted(k for k in cache._entries if k != "other") == [("L7", 3), ("L7", 5)]
+    assert sorted(k for k in cache._entries if k != "other") == [("L7", 2), ("L7", 3)]
     assert (cache.captures, cache.recaptures) == (1 + 3 + 3, 3)
     warned = [r for r in caplog.records if "dropped for room is captured again" in r.message]
     assert len(warned) == 1 and warned[0].levelname == "WARNING"
-    assert "layer 7, 2 rows" in warned[0].message and "RADIANCE_AR_OP_GRAPHS_PER_LAYER" in warned[0].message
+    assert "layer 7, 5 rows" in warned[0].message and "RADIANCE_AR_OP_GRAPHS_PER_LAYER" in warned[0].message
 
 
 @pytest.mark.parametrize("per_layer, limit, named", [(0, 8, "per_layer 0"), (2, 0, "limit 0"),

@@ -18,8 +18,13 @@ What a replay must keep, and how:
   memory, writes its header (the layer, M, K, N), where peers' messages and the abort
   word read it, and its waits are bounded by the backend's ``check`` like an eager call's.
 - Addresses: x and out are bound by copies into persistent buffers (``x_static``,
-  ``out_static``, one pair per shape and shared by the graphs of every layer of that
-  shape); the weight is the caller's tensor, which the key holds by address (a layer's
+  ``out_static``): one per role, column count and dtype, of the largest M captured, whose
+  first M rows (a contiguous view) every graph of M rows binds, in every layer. Replays of
+  one runtime run one after another on the caller's stream, each copy out enqueued before
+  the next copy in, so they can share. A larger M grows the buffer and drops the graphs
+  bound to the old one (captured again at their next call). A buffer per shape held, at
+  Llama-3.1-70B TP 4, 272 MiB per recurring M of 8192 rows (the two linears' inputs,
+  32 and 112 MiB, and their common output, 128 MiB); shared, the largest M's alone. The weight is the caller's tensor, which the key holds by address (a layer's
   weight does not move). A buffer that grows (the backend's, the scratch pool's) moves:
   every graph is then dropped (its generation is stale) and captured again.
 - Memory: graphs share one private pool. A graph holds its layer's weight, so a model
@@ -102,7 +107,8 @@ class GraphCache:
         self._seen: dict[Hashable, Hashable] = {}
         #: keys whose graph was dropped for room (a capture of one is a recapture)
         self._dropped: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
-        self._static: dict[tuple, torch.Tensor] = {}  # persistent x / out per shape
+        #: persistent x / out by (role, columns, dtype), rows: the largest M captured
+        self._static: dict[tuple, torch.Tensor] = {}
         self._pool: Any = None
         #: captures run here, never on the caller's stream, which may be the default one
         #: (CUDA captures no legacy default stream); replays go on the caller's
@@ -204,22 +210,27 @@ class GraphCache:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, key: Hashable) -> None:
-        """Drop ``key``'s graph, and the persistent tensors of a shape no graph left uses:
-        memory stays bounded however many M values come."""
+        """Drop ``key``'s graph for room, and the persistent buffers no graph left binds."""
         del self._entries[key]
         self._dropped[key] = None
         _forget_oldest(self._dropped)
-        used = {(role, tuple(t.shape), t.dtype) for e in self._entries.values()
-                for role, t in (("x", e.x), ("out", e.out))}
-        for key in [k for k in self._static if k not in used]:
-            del self._static[key]
+        used = {k for e in self._entries.values() for k in _static_key(e)}
+        for k in [k for k in self._static if k not in used]:
+            del self._static[k]
 
-    def _static_tensor(self, role: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-        key = (role, shape, dtype)
-        t = self._static.get(key)
-        if t is None:
-            t = self._static[key] = torch.empty(shape, dtype=dtype, device=self.device)
-        return t
+    def _static_rows(self, role: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """The first ``rows`` rows of the persistent ``role`` buffer of ``cols`` columns,
+        grown where it has fewer: the graphs bound to the old one are dropped then (not for
+        room: they are captured again at their next call, uncounted)."""
+        k = (role, cols, dtype)
+        buf = self._static.get(k)
+        if buf is None or buf.shape[0] < rows:
+            for key in [key for key, e in self._entries.items() if k in _static_key(e)]:
+                del self._entries[key]
+            self._static.pop(k, None)
+            del buf  # the old buffer is freed before the new one is allocated
+            buf = self._static[k] = torch.empty((rows, cols), dtype=dtype, device=self.device)
+        return buf[:rows]
 
     def _capture(self, key: Hashable, layer: Hashable, x: torch.Tensor,
                  out_shape: tuple[int, int], sig: CallSignature, backend: Any, body: Callable,
@@ -235,8 +246,8 @@ class GraphCache:
                     "instead of replaying; said once, counted in GraphCache.recaptures",
                     sig.layer, sig.rows, self.per_layer, self.limit)
         self._make_room(layer)
-        x_static = self._static_tensor("x", tuple(x.shape), x.dtype)
-        out_static = self._static_tensor("out", out_shape, x.dtype)
+        x_static = self._static_rows("x", x.shape[0], x.shape[1], x.dtype)
+        out_static = self._static_rows("out", out_shape[0], out_shape[1], x.dtype)
         graph, rnd = self._capture_graph(backend, lambda: body(x_static, out_static))
         self.captures += 1
         entry = _Entry(graph, rnd, x_static, out_static, generation(), layer)
@@ -262,6 +273,11 @@ class GraphCache:
                     graph.capture_end()
         return graph, rnd
 
+
+
+def _static_key(entry: _Entry) -> tuple[tuple, tuple]:
+    """The keys of the persistent buffers ``entry`` binds (``GraphCache._static``)."""
+    return (("x", entry.x.shape[1], entry.x.dtype), ("out", entry.out.shape[1], entry.out.dtype))
 
 
 def _forget_oldest(remembered: dict) -> None:
