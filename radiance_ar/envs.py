@@ -121,7 +121,8 @@ KNOBS: dict[str, Knob] = {
              "by address; least recently used dropped first): a chunked prefill's recurring "
              "M values (the full chunk, a remainder that comes back) need one each; where "
              "more recur, graphs are dropped and captured again, which a warning says once. "
-             f"At most {MAX_OP_GRAPHS} graphs per process in all",
+             f"At most {MAX_OP_GRAPHS} graphs in all per op runtime (one per process; under "
+             "`RADIANCE_AR_BACKEND=auto`, one per configuration chosen)",
              lo=1, hi=MAX_OP_GRAPHS_PER_LAYER),
         Knob("RADIANCE_AR_PEER_MEMORY", str, PEER_MEMORIES[0],
              "where GPU ranks in processes keep their peer buffers and flags "
@@ -189,7 +190,7 @@ def refuse_retired(environ: Mapping[str, str] | None = None) -> None:
     """``ValueError`` naming a retired knob set in ``environ`` and its replacement."""
     env = os.environ if environ is None else environ
     for name, replacement in RETIRED_KNOBS.items():
-        if name in env:
+        if env.get(name, "").strip():  # an empty one sets nothing that would be ignored
             raise ValueError(f"{name}={env[name]!r}: this setting is retired; use {replacement}")
 
 

@@ -387,3 +387,8 @@ def test_reconcile_takes_every_knob_set_in_the_environment(warnings_of_reconcile
     # uses the shipped tuning table)
     same = {"RADIANCE_AR_OVERLAP", "RADIANCE_AR_TUNING", "RADIANCE_AR_PEER_MEMORY"}
     assert sorted(w.split("=")[0] for w in reported) == sorted(set(envs.KNOBS) - same)
+
+
+def test_a_retired_knob_left_empty_is_not_set():
+    # an empty value sets nothing to be ignored (as ``VAR=`` turns a boolean knob off)
+    assert envs.given({"RADIANCE_AR_OP_GRAPHS_MAX": " "}) == {}

@@ -205,7 +205,7 @@ def test_a_layer_over_its_quota_drops_its_own_oldest_graph_and_says_so_once(capl
     assert "other" in cache._entries  # another layer's graph is never dropped for layer 7
     assert sorted(k for k in cache._entries if k != "other") == [("L7", 2), ("L7", 3)]
     assert (cache.captures, cache.recaptures) == (1 + 3 + 3, 3)
-    warned = [r for r in caplog.records if "dropped for room is captured again" in r.message]
+    warned = [r for r in caplog.records if "dropped for room was captured again" in r.message]
     assert len(warned) == 1 and warned[0].levelname == "WARNING"
     assert "layer 7, 5 rows" in warned[0].message and "RADIANCE_AR_OP_GRAPHS_PER_LAYER" in warned[0].message
 

@@ -371,3 +371,11 @@ def test_graph_costs_reads_resident_memory_and_refuses_without_a_gpu(tmp_path, c
     if not torch.cuda.is_available():
         assert graph_costs.main(["--rows", "2048"]) == 2
         assert "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--world", "1"], ["--backend", "auto"]])
+def test_graph_costs_refuses_worlds_and_backends_without_graphs_of_their_own(argv, capsys):
+    from radiance_ar.diagnostics import graph_costs
+    with pytest.raises(SystemExit) as stop:
+        graph_costs.main(argv)
+    assert stop.value.code == 2 and "--world must be >= 2" in capsys.readouterr().err

@@ -14,9 +14,12 @@ rank against passive peers (the compare tool's timing mode), this measures:
   (``first_of_process``: the very first, which also sizes buffers and loads kernels);
 - ``capture``: the same of its second call (capture, instantiation and the first replay);
 - ``replay``: median host and device time of later calls;
-- ``graph_device_bytes``: device memory the captures took (``mem_get_info``, so the
-  driver's share too), per graph; ``graph_host_bytes``: the process's resident memory
-  they added (Linux ``/proc/self/statm``; None elsewhere), per graph.
+- ``graph_driver_bytes``: device memory the captures took outside torch's allocator (the
+  ``mem_get_info`` drop less the ``memory_reserved`` rise: the instantiated graphs), per
+  graph; ``allocator_bytes``: the ``memory_reserved`` rise of the captures in all (the
+  persistent input and output, the graph pool, the first replays' outputs);
+  ``graph_host_bytes``: the process's resident memory they added (Linux
+  ``/proc/self/statm``; None elsewhere), per graph.
 
     python -m radiance_ar.diagnostics.graph_costs --backend sdma_wht6 --world 4 --rows 8192 --layers 32
 """
@@ -73,10 +76,13 @@ def measure(name: str, size: int, rows: int, cols: int, k: int, slices: int | st
         check = rt.backend.check
         first = [host_and_device_us(call, check, 1, 0) for call in calls_of]
         torch.cuda.synchronize()
-        free_before, host_before = torch.cuda.mem_get_info(device)[0], resident_bytes()
+        free_before, reserved_before = torch.cuda.mem_get_info(device)[0], torch.cuda.memory_reserved(device)
+        host_before = resident_bytes()
         capture = [host_and_device_us(call, check, 1, 0) for call in calls_of]
         torch.cuda.synchronize()
-        free_after, host_after = torch.cuda.mem_get_info(device)[0], resident_bytes()
+        free_after, reserved_after = torch.cuda.mem_get_info(device)[0], torch.cuda.memory_reserved(device)
+        host_after = resident_bytes()
+        allocator = reserved_after - reserved_before
         graphs = rt.graphs()
         assert graphs is not None and graphs.captures == layers, "every layer captured once"
         replay = [host_and_device_us(calls_of[0], check, calls, 3)]
@@ -84,7 +90,8 @@ def measure(name: str, size: int, rows: int, cols: int, k: int, slices: int | st
                 "slices": slices, "layers": layers, "first": _median_ms(first),
                 "first_of_process": _median_ms(first[:1]),
                 "capture": _median_ms(capture), "replay": _median_ms(replay),
-                "graph_device_bytes": (free_before - free_after) / layers,
+                "graph_driver_bytes": (free_before - free_after - allocator) / layers,
+                "allocator_bytes": allocator,
                 "graph_host_bytes": (None if host_before is None or host_after is None
                                      else (host_after - host_before) / layers),
                 "static_bytes": graphs.memory()["static_bytes"]}
@@ -105,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=50, help="timed replays (default 50)")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     args = p.parse_args(argv)
+    if args.world < 2 or args.backend == "auto":
+        p.error("--world must be >= 2 and --backend a registered backend, not auto (one rank "
+                "replays nothing; auto's graphs live in its chosen configurations' runtimes)")
     if not torch.cuda.is_available():
         print("graph_costs: needs a CUDA device (the op's graphs are CUDA graphs)", file=sys.stderr)
         return 2
@@ -120,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{rec['first']['host_ms']:.2f} / device {rec['first']['device_ms']:.2f} ms, "
               f"capture {rec['capture']['host_ms']:.2f} / {rec['capture']['device_ms']:.2f} ms, "
               f"replay {rec['replay']['host_ms']:.3f} / {rec['replay']['device_ms']:.3f} ms; "
-              f"per graph {rec['graph_device_bytes'] / 2 ** 20:.2f} MiB device, "
-              f"{host_mib} MiB host ({args.layers} layers)")
+              f"per graph {rec['graph_driver_bytes'] / 2 ** 20:.2f} MiB of driver memory, "
+              f"{host_mib} MiB host; allocator {rec['allocator_bytes'] / 2 ** 20:.0f} MiB in all "
+              f"({args.layers} layers)")
     write_json(args.json, records)
     return 0
 

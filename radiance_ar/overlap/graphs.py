@@ -30,12 +30,13 @@ What a replay must keep, and how:
 - Memory: graphs share one private pool. A graph holds its layer's weight, so a model
   needs one per routed linear and recurring M: the cache keeps
   ``RADIANCE_AR_OP_GRAPHS_PER_LAYER`` graphs per layer (the layer's least recently used
-  goes first) and ``envs.MAX_OP_GRAPHS`` in all; :meth:`memory` reports what it holds.
+  goes first) and ``envs.MAX_OP_GRAPHS`` in all (per runtime: one per process, and
+  under backend ``auto`` one per configuration chosen); :meth:`memory` reports what it holds.
   A process-wide count would thrash: Llama-3.1-70B routes 160 linears, and with two M
   values recurring (a full chunk and a remainder) an LRU of 256 graphs dropped every
   graph before its next use, so every call captured (the CPU model of
   tests/test_graph_cache.py: 2880 captures in 3200 calls). A graph dropped and captured
-  again is counted (``recaptures``) and warned about once.
+  again is counted (``recaptures``) and warned about once per runtime.
 
 What a replay costs the host (H200 host, CUDA 13.0, graphs of 8 and 128 nodes of one
 kind; tools/results/2026-12-04-h200-replay-node-costs/): ``graph.replay()`` takes about
@@ -179,6 +180,7 @@ class GraphCache:
             body(x, out)
             self._seen.pop(key, None)
             self._seen[key] = generation()
+            self._dropped.pop(key, None)  # run eagerly again: its capture will be a first one
             _forget_oldest(self._seen)
             return out
         if entry is None:
@@ -235,21 +237,21 @@ class GraphCache:
     def _capture(self, key: Hashable, layer: Hashable, x: torch.Tensor,
                  out_shape: tuple[int, int], sig: CallSignature, backend: Any, body: Callable,
                  generation: Callable[[], Hashable]) -> _Entry:
-        if key in self._dropped:
-            del self._dropped[key]
-            self.recaptures += 1
-            if self.recaptures == 1:
-                logging.getLogger("radiance_ar").warning(
-                    "radiance-ar op graphs: a graph dropped for room is captured again (layer "
-                    "%d, %d rows): more shapes recur than the cache keeps (%d per layer, "
-                    "RADIANCE_AR_OP_GRAPHS_PER_LAYER; %d in all), so such calls capture "
-                    "instead of replaying; said once, counted in GraphCache.recaptures",
-                    sig.layer, sig.rows, self.per_layer, self.limit)
         self._make_room(layer)
         x_static = self._static_rows("x", x.shape[0], x.shape[1], x.dtype)
         out_static = self._static_rows("out", out_shape[0], out_shape[1], x.dtype)
         graph, rnd = self._capture_graph(backend, lambda: body(x_static, out_static))
         self.captures += 1
+        if key in self._dropped:
+            del self._dropped[key]
+            self.recaptures += 1
+            if self.recaptures == 1:
+                logging.getLogger("radiance_ar").warning(
+                    "radiance-ar op graphs: a graph dropped for room was captured again (layer "
+                    "%d, %d rows): more shapes recur than the cache keeps (%d per layer, "
+                    "RADIANCE_AR_OP_GRAPHS_PER_LAYER; %d in all), so such calls capture "
+                    "instead of replaying; said once per runtime, counted in "
+                    "GraphCache.recaptures", sig.layer, sig.rows, self.per_layer, self.limit)
         entry = _Entry(graph, rnd, x_static, out_static, generation(), layer)
         self._entries[key] = entry
         return entry
