@@ -127,6 +127,13 @@ def test_plan_takes_the_eligible_and_groups_the_rest_by_reason():
     assert "(backend sdma_wht6, tp 2, slices auto = 2 growing, " in growing.summary()
     grown = vi.InstallReport(OverlapSettings(True, "sdma", 2048, 5, plan="growing"), tp_size=2)
     assert "(backend sdma, tp 2, slices 5 growing, min_m 2048)" in grown.summary()
+    # a pipelined backend's replayed calls: the graphs they may keep, per routed linear
+    grown.routed = ["o_proj", "down"]
+    assert ("min_m 2048); op graphs auto: up to 4 per routed linear (8 here, "
+            "RADIANCE_AR_OP_GRAPHS_PER_LAYER)") in grown.summary()
+    off = vi.InstallReport(OverlapSettings(True, "sdma", 2048, 4, graphs="off"), tp_size=2)
+    assert "min_m 2048); op graphs off" in off.summary() and "per routed" not in off.summary()
+    assert "op graphs" not in report.summary()  # stock: unsliced, nothing replayed
 
 
 #: an output width that is not a multiple of the wht6 block (256), e.g. gpt-oss's hidden size

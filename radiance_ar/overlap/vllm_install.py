@@ -177,6 +177,10 @@ class InstallReport:
         head = (f"radiance-ar: routed {len(self.routed)} of {total} RowParallel linears "
                 f"through radiance::linear_ar (backend {s.backend}, tp {self.tp_size}, "
                 f"{slices}, min_m {s.min_m})")
+        if cls.pipelined:  # what the replayed calls may hold (radiance_ar/overlap/graphs.py)
+            head += f"; op graphs {s.graphs}" + ("" if s.graphs == "off" else
+                f": up to {s.graphs_per_layer} per routed linear "
+                f"({s.graphs_per_layer * len(self.routed)} here, RADIANCE_AR_OP_GRAPHS_PER_LAYER)")
         if self.producers:
             kinds = sorted(set(self.producers.values()))
             head += "; producers: " + ", ".join(
