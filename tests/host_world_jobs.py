@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from radiance_ar import backends, overlap
 from radiance_ar.envs import BackendSettings
+from radiance_ar.harness.host import resident_bytes
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.transport.copy_engine import CopyEngine
 from radiance_ar.transport.world import World
@@ -84,11 +85,6 @@ def op_job(world: World, backend: str, graphs: str, calls: list, cols: int, min_
     return res
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-
 def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: int,
              warm: int) -> dict:
     """``calls`` op calls of one layer (one weight, the default graph setting) after
@@ -105,7 +101,7 @@ def soak_job(world: World, backend: str, calls: int, rows: int, cols: int, k: in
         torch.cuda.synchronize()
         return {"gpu_allocated": torch.cuda.memory_allocated(),
                 "gpu_reserved": torch.cuda.memory_reserved(),
-                "resident": _resident_bytes(),
+                "resident": resident_bytes(),
                 "peer_allocations": world.memory.allocations,
                 "peer_bytes": world.memory.allocated_bytes}
 

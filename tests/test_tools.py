@@ -360,14 +360,16 @@ def test_host_world_summary_tables_every_file_and_says_whether_targets_are_met(t
     assert "MISSING" in capsys.readouterr().out
 
 
-def test_graph_costs_reads_resident_memory_and_refuses_without_a_gpu(tmp_path, capsys):
+def test_resident_memory_is_read_and_graph_costs_refuses_without_a_gpu(tmp_path, capsys):
     from radiance_ar.diagnostics import graph_costs
+    from radiance_ar.harness.host import resident_bytes
     statm = tmp_path / "statm"
     statm.write_text("1000 250 30 4 0 300 0\n")
-    assert graph_costs.resident_bytes(str(statm)) == 250 * os.sysconf("SC_PAGE_SIZE")
+    assert resident_bytes(str(statm)) == 250 * os.sysconf("SC_PAGE_SIZE")
     statm.write_text("garbled\n")
-    assert graph_costs.resident_bytes(str(statm)) is None
-    assert graph_costs.resident_bytes(str(tmp_path / "missing")) is None
+    assert resident_bytes(str(statm)) is None
+    assert resident_bytes(str(tmp_path / "missing")) is None
+    assert resident_bytes() > 0  # this process, on Linux
     if not torch.cuda.is_available():
         assert graph_costs.main(["--rows", "2048"]) == 2
         assert "needs a CUDA device" in capsys.readouterr().err

@@ -27,7 +27,6 @@ rank against passive peers (the compare tool's timing mode), this measures:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 
@@ -36,16 +35,8 @@ import torch
 from radiance_ar.diagnostics import write_json
 from radiance_ar.diagnostics.host_cost import host_and_device_us
 from radiance_ar.envs import BackendSettings
+from radiance_ar.harness.host import resident_bytes
 from radiance_ar.transport.world import emulated_worlds
-
-
-def resident_bytes(statm: str = "/proc/self/statm") -> int | None:
-    """This process's resident memory in bytes (Linux), or None where it cannot be read."""
-    try:
-        with open(statm) as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _median_ms(timings: list[tuple[float, float]]) -> dict[str, float]:
