@@ -3,6 +3,7 @@ a "graph" here re-runs the captured body on the persistent buffers when replayed
 is what a CUDA graph does on a GPU (tests/test_graphs_gpu.py runs the real ones)."""
 
 import contextlib
+import random
 
 import pytest
 import torch
@@ -261,3 +262,22 @@ def test_a_capture_is_ended_exactly_once_on_every_path(monkeypatch, fails):
         with pytest.raises((RuntimeError, TypeError), match="failed|could not begin"):
             cache.capture_cuda_graph(RoundBackend(), run)
     assert state == {"capturing": False, "ends": 1}
+
+
+def test_thousands_of_calls_of_varying_m_hold_bounded_memory_and_keep_the_recurring_graphs(
+        monkeypatch):
+    # a chunked prefill under light load: two recurring M values (a full chunk and a
+    # remainder that comes back) and, 30% of the time, an M that may never recur
+    monkeypatch.setattr(GraphCache, "SEEN_KEYS", 64)
+    cache, backend, bodies = make(per_layer=4, limit=4096)
+    rng, layers, hot, widest = random.Random(0), 3, (64, 48), 80
+    for step in range(1500):
+        m = hot[step % 2] if rng.random() < 0.7 else rng.randint(16, widest)
+        for layer in range(1, layers + 1):
+            x = torch.full((m, 2), float(step))
+            out = call(cache, backend, (m, layer), x, body_for(bodies, 1.0), layer=layer)
+            assert torch.equal(out, x), (step, layer, m)
+        assert len(cache) <= 4 * layers and len(cache._seen) <= 64 and len(cache._dropped) <= 64
+        assert cache.memory()["static_bytes"] <= 2 * widest * 2 * 4
+    # the recurring shapes keep their graphs in every layer: their calls replay
+    assert all((m, layer) in cache._entries for m in hot for layer in range(1, layers + 1))
