@@ -118,9 +118,9 @@ KNOBS: dict[str, Knob] = {
              words=OP_GRAPHS),
         Knob("RADIANCE_AR_OP_GRAPHS_PER_LAYER", int, 4,
              "captured op calls kept per layer, one per M (a graph holds its layer's weight "
-             "by address; least recently used dropped first): a chunked prefill's recurring "
-             "M values (the full chunk, a remainder that comes back) need one each; where "
-             "more recur, graphs are dropped and captured again, which a warning says once. "
+             "by address): a chunked prefill's recurring M values (the full chunk, a remainder "
+             "that comes back) need one each; where more recur, those called most lately keep "
+             "theirs, the others run step by step, and a warning says so once. "
              f"At most {MAX_OP_GRAPHS} graphs in all per op runtime (one per process; under "
              "`RADIANCE_AR_BACKEND=auto`, one per configuration chosen)",
              lo=1, hi=MAX_OP_GRAPHS_PER_LAYER),

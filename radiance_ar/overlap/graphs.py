@@ -24,19 +24,28 @@ What a replay must keep, and how:
   the next copy in, so they can share. A larger M grows the buffer and drops the graphs
   bound to the old one (captured again at their next call). A buffer per shape held, at
   Llama-3.1-70B TP 4, 272 MiB per recurring M of 8192 rows (the two linears' inputs,
-  32 and 112 MiB, and their common output, 128 MiB); shared, the largest M's alone. The weight is the caller's tensor, which the key holds by address (a layer's
-  weight does not move). A buffer that grows (the backend's, the scratch pool's) moves:
+  32 and 112 MiB, and their common output, 128 MiB); shared, the largest M's alone. The
+  weight is the caller's tensor, which the key holds by address (a layer's weight does
+  not move). A buffer that grows (the backend's, the scratch pool's) moves:
   every graph is then dropped (its generation is stale) and captured again.
 - Memory: graphs share one private pool. A graph holds its layer's weight, so a model
   needs one per routed linear and recurring M: the cache keeps
-  ``RADIANCE_AR_OP_GRAPHS_PER_LAYER`` graphs per layer (the layer's least recently used
-  goes first) and ``envs.MAX_OP_GRAPHS`` in all (per runtime: one per process, and
-  under backend ``auto`` one per configuration chosen); :meth:`memory` reports what it holds.
-  A process-wide count would thrash: Llama-3.1-70B routes 160 linears, and with two M
-  values recurring (a full chunk and a remainder) an LRU of 256 graphs dropped every
-  graph before its next use, so every call captured (the CPU model of
-  tests/test_graph_cache.py: 2880 captures in 3200 calls). A graph dropped and captured
-  again is counted (``recaptures``) and warned about once per runtime.
+  ``RADIANCE_AR_OP_GRAPHS_PER_LAYER`` graphs per layer and ``envs.MAX_OP_GRAPHS`` in all
+  (per runtime: one per process, and under backend ``auto`` one per configuration
+  chosen); :meth:`memory` reports what it holds. A process-wide count thrashed:
+  Llama-3.1-70B routes 160 linears, and with two M values recurring (a full chunk and a
+  remainder) an LRU of 256 graphs dropped every graph before its next use, so every call
+  captured (the CPU model of tests/test_graph_cache.py: 2880 captures in 3200 calls).
+- Admission: where a capture would drop a graph (the layer's least recently used, or the
+  cache's where it is full), it does so only for a key called more often lately
+  (counts halved every ``USES_WINDOW`` calls); otherwise the call runs step by step. A
+  one-off M that comes back would otherwise take a recurring M's room, to be captured
+  again at its next call: with 30% one-off M values among two recurring ones (the CPU
+  model of the tests), a plain LRU made 1437 captures in 4500 calls, 246 of them the
+  recurring graphs again; with the rule, 45 and none. A key refused though it recurs as
+  often as the graph it would drop (``crowded_out``), or a graph dropped and captured
+  again (``recaptures``), says the cache is too small: both are counted and warned about
+  once per runtime.
 
 What a replay costs the host (H200 host, CUDA 13.0, graphs of 8 and 128 nodes of one
 kind; tools/results/2026-12-04-h200-replay-node-costs/): ``graph.replay()`` takes about
@@ -90,6 +99,12 @@ class GraphCache:
     #: once more, on every rank alike), and keys remembered as dropped for room; the op's
     #: memo of sliced calls has the same bound (OverlapRuntime.remember_sliced_call)
     SEEN_KEYS = 4096
+    #: op calls after which every key's count of calls halves ("lately": about 25 forward
+    #: passes of a model routing 160 linears)
+    USES_WINDOW = 4096
+    #: calls lately from which a key that is refused room says so: a key called twice
+    #: may be a one-off M that came back once
+    RECURRING_CALLS = 3
 
     def __init__(self, device: torch.device, per_layer: int,
                  capture: Callable[[Any, Callable[[], None]], tuple[Any, TokenRound]] | None = None,
@@ -108,6 +123,9 @@ class GraphCache:
         self._seen: dict[Hashable, Hashable] = {}
         #: keys whose graph was dropped for room (a capture of one is a recapture)
         self._dropped: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
+        #: calls per key, halved every USES_WINDOW calls: which graph is worth its room
+        self._uses: collections.Counter[Hashable] = collections.Counter()
+        self._calls = 0
         #: persistent x / out by (role, columns, dtype), rows: the largest M captured
         self._static: dict[tuple, torch.Tensor] = {}
         self._pool: Any = None
@@ -119,6 +137,9 @@ class GraphCache:
         self.captures = 0
         self.replays = 0
         self.recaptures = 0
+        #: captures refused to a key called as often as the graph it would drop
+        self.crowded_out = 0
+        self._warned: set[str] = set()
         self._ahead = False  # inside capturing_ahead()
 
     def __len__(self) -> int:
@@ -167,6 +188,7 @@ class GraphCache:
         if entry is not None and entry.generation != now:
             self.clear()
             entry = None
+        self._count(key)
         if self._ahead:
             if entry is not None or self._seen.get(key) != now:
                 raise ValueError(
@@ -175,12 +197,14 @@ class GraphCache:
                     "capture ahead only the call that follows a shape's eager one")
             self._capture(key, layer, x, out_shape, sig, backend, body, generation)
             return None
-        if entry is None and self._seen.get(key) != now:
+        due = self._seen.get(key) == now  # warmed up eagerly in these buffers
+        if entry is None and (not due or not self._admits(key, layer, sig)):
             out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
             body(x, out)
             self._seen.pop(key, None)
             self._seen[key] = generation()
-            self._dropped.pop(key, None)  # run eagerly again: its capture will be a first one
+            if not due:  # warmed up again (its buffers moved): its capture is a first one
+                self._dropped.pop(key, None)
             _forget_oldest(self._seen)
             return out
         if entry is None:
@@ -200,16 +224,59 @@ class GraphCache:
         self._entries.clear()
         self._seen.clear()
         self._dropped.clear()
+        self._uses.clear()
         self._static.clear()
 
-    def _make_room(self, layer: Hashable) -> None:
-        """Before a capture for ``layer``: drop its least recently used graph where it has
-        its quota, else the least recently used of all where the cache is full."""
+    def _count(self, key: Hashable) -> None:
+        """One more call of ``key``; every USES_WINDOW calls all counts halve (old calls
+        fade, and keys called once in a while leave the counter)."""
+        self._uses[key] += 1
+        self._calls += 1
+        if self._calls >= self.USES_WINDOW:
+            self._calls = 0
+            self._uses = collections.Counter({k: n // 2 for k, n in self._uses.items() if n > 1})
+
+    def _victim(self, layer: Hashable) -> Hashable | None:
+        """The graph a capture for ``layer`` would drop: the layer's least recently used
+        where it has its quota, else the least recently used of all where the cache is
+        full; None where there is room."""
         mine = [k for k, e in self._entries.items() if e.layer == layer]
         if len(mine) >= self.per_layer:
-            self._drop(mine[0])
-        elif len(self._entries) >= self.limit:
-            self._drop(next(iter(self._entries)))
+            return mine[0]
+        return next(iter(self._entries)) if len(self._entries) >= self.limit else None
+
+    def _admits(self, key: Hashable, layer: Hashable, sig: CallSignature) -> bool:
+        """Whether ``key``'s capture may take room: where it would drop a graph, only if
+        ``key`` was called more often lately than that graph's key. A one-off M that comes
+        back runs step by step instead of dropping a recurring M's graph (which would be
+        captured again at its next call). One that recurs (``RECURRING_CALLS`` calls lately)
+        as often as the graph it would drop is counted as crowded out (``crowded_out``) and
+        warned about once."""
+        victim = self._victim(layer)
+        if victim is None or self._uses[key] > self._uses[victim]:
+            return True
+        if self._uses[key] == self._uses[victim] >= self.RECURRING_CALLS:
+            self.crowded_out += 1
+            self._warn_once("crowded_out", "calls of layer %d with %d rows recur as often as "
+                            "the graphs the cache keeps and run step by step", sig)
+        return False
+
+    def _warn_once(self, kind: str, what: str, sig: CallSignature) -> None:
+        """One warning per cache and ``kind`` (the counter's name): more shapes recur than
+        it keeps."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logging.getLogger("radiance_ar").warning(
+                "radiance-ar op graphs: " + what + ": more shapes recur than the cache keeps "
+                "(%d per layer, RADIANCE_AR_OP_GRAPHS_PER_LAYER; %d in all); said once per "
+                "runtime, counted in GraphCache.%s", sig.layer, sig.rows, self.per_layer,
+                self.limit, kind)
+
+    def _make_room(self, layer: Hashable) -> None:
+        """Before a capture for ``layer``: drop :meth:`_victim`, if any."""
+        victim = self._victim(layer)
+        if victim is not None:
+            self._drop(victim)
 
     def _drop(self, key: Hashable) -> None:
         """Drop ``key``'s graph for room, and the persistent buffers no graph left binds."""
@@ -245,13 +312,8 @@ class GraphCache:
         if key in self._dropped:
             del self._dropped[key]
             self.recaptures += 1
-            if self.recaptures == 1:
-                logging.getLogger("radiance_ar").warning(
-                    "radiance-ar op graphs: a graph dropped for room was captured again (layer "
-                    "%d, %d rows): more shapes recur than the cache keeps (%d per layer, "
-                    "RADIANCE_AR_OP_GRAPHS_PER_LAYER; %d in all), so such calls capture "
-                    "instead of replaying; said once per runtime, counted in "
-                    "GraphCache.recaptures", sig.layer, sig.rows, self.per_layer, self.limit)
+            self._warn_once("recaptures", "a graph dropped for room was captured again (layer "
+                            "%d, %d rows)", sig)
         entry = _Entry(graph, rnd, x_static, out_static, generation(), layer)
         self._entries[key] = entry
         return entry
