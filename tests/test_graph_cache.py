@@ -296,20 +296,35 @@ def test_thousands_of_calls_of_varying_m_hold_bounded_memory_and_keep_the_recurr
             assert torch.equal(out, x), (step, layer, m)
         assert len(cache) <= 4 * layers and len(cache._seen) <= 64 and len(cache._dropped) <= 64
         assert cache.memory()["static_bytes"] <= 2 * widest * 2 * 4
+        # a recurring shape's graph is never dropped for room (the buffers' growth drops
+        # graphs, not for room: they are captured again, uncounted)
+        assert not any(key[0] in hot for key in cache._dropped), step
     # the recurring shapes keep their graphs in every layer: their calls replay
     assert all((m, layer) in cache._entries for m in hot for layer in range(1, layers + 1))
-    # a one-off M that comes back runs step by step instead of taking a recurring M's room:
-    # 45 captures here (the persistent buffers grew a few times); a plain LRU made 1437,
-    # 246 of them the recurring M values' graphs captured again
-    assert cache.recaptures == 0 and cache.captures < 100
+    # a one-off M that comes back runs step by step unless it comes more often lately than
+    # the graph it would drop: 230 captures here, most of them one-off M values taking each
+    # other's room; a plain LRU made 1437, 246 of them the recurring M values' graphs again
+    assert cache.captures < 300
 
 
 def test_call_counts_halve_every_window_and_keys_called_once_leave(monkeypatch):
-    monkeypatch.setattr(GraphCache, "USES_WINDOW", 6)
-    cache, backend, bodies = make()
+    monkeypatch.setattr(GraphCache, "USES_WINDOW_PER_GRAPH", 3)  # 2 graphs at most: 6 calls
+    cache, backend, bodies = make(per_layer=2)
     x = torch.randn(2, 2)
     for key in ("a", "a", "a", "a", "b"):
         call(cache, backend, key, x, body_for(bodies, 1.0))
     assert cache._uses == {"a": 4, "b": 1}
     call(cache, backend, "c", x, body_for(bodies, 1.0))  # the sixth call: every count halves
     assert cache._uses == {"a": 2}
+
+
+def test_a_sweep_of_m_values_larger_than_the_quota_captures_each_within_a_few_calls():
+    # a benchmark that runs 23 calls of each M, largest first, through one layer: a shape
+    # that stops coming yields its room once the counts of calls halve (10 calls per graph)
+    cache, backend, bodies = make(per_layer=4, limit=64)
+    for m in range(15, 7, -1):
+        for n in range(23):
+            x = torch.randn(m, 2)
+            assert torch.equal(call(cache, backend, m, x, body_for(bodies, 1.0), layer=1), x)
+    eager = 8 * 23 - cache.replays
+    assert (cache.captures, eager) == (8, 24)  # the first call of each, and a few refused

@@ -38,11 +38,14 @@ What a replay must keep, and how:
   captured (the CPU model of tests/test_graph_cache.py: 2880 captures in 3200 calls).
 - Admission: where a capture would drop a graph (the layer's least recently used, or the
   cache's where it is full), it does so only for a key called more often lately
-  (counts halved every ``USES_WINDOW`` calls); otherwise the call runs step by step. A
+  (counts halved every 10 calls per graph held); otherwise the call runs step by step. A
   one-off M that comes back would otherwise take a recurring M's room, to be captured
   again at its next call: with 30% one-off M values among two recurring ones (the CPU
   model of the tests), a plain LRU made 1437 captures in 4500 calls, 246 of them the
-  recurring graphs again; with the rule, 45 and none. A key refused though it recurs as
+  recurring graphs again; with the rule, 230 and none of those (one-off M values that come
+  back take each other's room). Counts fade so that a shape that stops coming yields its
+  room: a sweep of 8 M values, 23 calls each, through one layer captures each within 3
+  calls (tests/test_graph_cache.py). A key refused though it recurs as
   often as the graph it would drop (``crowded_out``), or a graph dropped and captured
   again (``recaptures``), says the cache is too small: both are counted and warned about
   once per runtime.
@@ -99,9 +102,11 @@ class GraphCache:
     #: once more, on every rank alike), and keys remembered as dropped for room; the op's
     #: memo of sliced calls has the same bound (OverlapRuntime.remember_sliced_call)
     SEEN_KEYS = 4096
-    #: op calls after which every key's count of calls halves ("lately": about 25 forward
-    #: passes of a model routing 160 linears)
-    USES_WINDOW = 4096
+    #: op calls, per graph held (at least a layer's quota), after which every key's count
+    #: of calls halves: "lately" is about 10 calls of each graph held (TinyLFU's sample;
+    #: Llama-3.1-70B with 2 M values: 3200 calls, 10 forward passes), so a shape that stops
+    #: coming yields its room to a new one within a few such windows
+    USES_WINDOW_PER_GRAPH = 10
     #: calls lately from which a key that is refused room says so: a key called twice
     #: may be a one-off M that came back once
     RECURRING_CALLS = 3
@@ -123,7 +128,7 @@ class GraphCache:
         self._seen: dict[Hashable, Hashable] = {}
         #: keys whose graph was dropped for room (a capture of one is a recapture)
         self._dropped: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
-        #: calls per key, halved every USES_WINDOW calls: which graph is worth its room
+        #: calls per key lately (halved as _count says): which graph is worth its room
         self._uses: collections.Counter[Hashable] = collections.Counter()
         self._calls = 0
         #: persistent x / out by (role, columns, dtype), rows: the largest M captured
@@ -228,11 +233,11 @@ class GraphCache:
         self._static.clear()
 
     def _count(self, key: Hashable) -> None:
-        """One more call of ``key``; every USES_WINDOW calls all counts halve (old calls
-        fade, and keys called once in a while leave the counter)."""
+        """One more call of ``key``; every USES_WINDOW_PER_GRAPH calls per graph held all
+        counts halve (old calls fade, and keys called once in a while leave the counter)."""
         self._uses[key] += 1
         self._calls += 1
-        if self._calls >= self.USES_WINDOW:
+        if self._calls >= self.USES_WINDOW_PER_GRAPH * max(len(self._entries), self.per_layer):
             self._calls = 0
             self._uses = collections.Counter({k: n // 2 for k, n in self._uses.items() if n > 1})
 
