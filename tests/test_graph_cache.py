@@ -3,12 +3,10 @@ a "graph" here re-runs the captured body on the persistent buffers when replayed
 is what a CUDA graph does on a GPU (tests/test_graphs_gpu.py runs the real ones)."""
 
 import contextlib
-import random
 
 import pytest
 import torch
 
-from radiance_ar import envs
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.overlap.graphs import GraphCache
 
@@ -122,110 +120,44 @@ def test_a_new_generation_drops_every_graph_and_starts_eagerly_again():
     assert (cache.captures, len(cache)) == (2, 1)
 
 
-def test_least_recently_used_goes_first_with_its_persistent_buffers():
+def test_the_least_recently_used_graph_goes_first_with_its_persistent_buffers():
     cache, backend, bodies = make(limit=2)
     shapes = {"a": (8, 4), "b": (16, 5), "c": (32, 6)}  # no two share a persistent buffer
-    # each key: eager, then captured at its second call; c, as often called as b at its
-    # second, runs step by step, and takes b's room at its third (called more often lately)
-    for key, calls in (("a", 2), ("b", 2), ("a", 2), ("c", 3)):
+    # each key: eager, then captured at its second call, except c: as often called as b
+    # lately, it runs step by step until it is called twice as often (the room's rule)
+    for key, calls in (("a", 2), ("b", 2), ("a", 2), ("c", 4)):
         x = torch.randn(*shapes[key])
         for _ in range(calls):
             assert torch.equal(call(cache, backend, key, x, body_for(bodies, 2.0)), x * 2.0)
-    assert list(cache._entries) == ["a", "c"]  # b was least recently used
-    assert (cache.captures, cache.crowded_out) == (3, 0)  # called twice: maybe a one-off
+    assert list(cache.room._kept) == ["a", "c"]  # b was least recently used
+    assert cache.captures == 3
     held = cache.memory()["static_bytes"]
     assert held == sum(2 * r * c * 4 for r, c in (shapes["a"], shapes["c"]))
 
 
-def test_every_m_binds_the_first_rows_of_one_buffer_which_grows_to_the_largest():
+def test_every_m_up_to_a_power_of_two_binds_one_buffer_and_none_is_dropped_for_another():
     cache, backend, bodies = make(limit=8)
-    xs = {m: [torch.randn(m, 3) for _ in range(4)] for m in (6, 10, 4)}
-
-    def calls(m, n):
-        for x in xs[m][:n]:
+    xs = {m: [torch.randn(m, 3) for _ in range(3)] for m in (6, 10, 5, 16)}
+    for m in (6, 10, 5, 16):  # eager, captured and replayed, replayed
+        for x in xs[m]:
             assert torch.equal(call(cache, backend, ("k", m), x, body_for(bodies, 5.0)), x * 5.0)
-
-    calls(6, 3)  # eager, captured and replayed, replayed
-    six = cache._entries[("k", 6)]
-    calls(4, 3)  # fewer rows: the same buffers
-    assert cache._entries[("k", 4)].x.data_ptr() == six.x.data_ptr()
-    assert cache.memory()["static_bytes"] == 2 * 6 * 3 * 4
-    calls(10, 2)  # more rows: the buffers grow, the graphs bound to the old ones go
-    assert list(cache._entries) == [("k", 10)] and cache.captures == 3
-    assert cache.memory()["static_bytes"] == 2 * 10 * 3 * 4
-    calls(6, 4)  # captured again on the grown buffers (not a recapture: nothing was full)
-    calls(4, 4)
-    assert (cache.captures, cache.recaptures, len(cache)) == (5, 0, 3)
-    assert len({e.x.data_ptr() for e in cache._entries.values()}) == 1
+    x_of = {m: cache.room.get(("k", m)).x for m in xs}
+    assert x_of[6].data_ptr() == x_of[5].data_ptr() != x_of[10].data_ptr() == x_of[16].data_ptr()
+    assert (cache.captures, len(cache)) == (4, 4)  # a larger M dropped no graph
+    assert cache.memory()["static_bytes"] == 2 * (8 + 16) * 3 * 4
+    for m in xs:  # every graph still replays right
+        x = torch.randn(m, 3)
+        assert torch.equal(call(cache, backend, ("k", m), x, body_for(bodies, 5.0)), x * 5.0)
+    assert cache.captures == 4
 
 
-def test_the_keys_remembered_are_bounded(monkeypatch):
+def test_the_keys_remembered_as_warmed_up_are_bounded(monkeypatch):
     monkeypatch.setattr(GraphCache, "SEEN_KEYS", 5)
     cache, backend, bodies = make(per_layer=1, limit=1)
     x = torch.randn(2, 2)
     for key in range(20):
         call(cache, backend, key, x, body_for(bodies, 1.0))
     assert list(cache._seen) == list(range(15, 20))
-
-
-@pytest.mark.parametrize("rows, captured", [((12, 8), 320), ((8, 12), 480)])
-def test_a_model_with_two_recurring_m_values_replays_every_call_after_its_captures(rows, captured):
-    # Llama-3.1-70B at TP 4 routes 160 linears (80 layers: o_proj, down_proj); a chunked
-    # prefill alternates a full chunk with a remainder that comes back. A process-wide LRU
-    # of 256 graphs dropped each graph before its next use (2880 captures in 3200 calls);
-    # the default quota of 4 graphs per layer keeps all 320. Where the smaller M is captured
-    # first, the larger grows the persistent buffers once, and the smaller M's graphs are
-    # captured again once (160 more).
-    per_layer = envs.KNOBS["RADIANCE_AR_OP_GRAPHS_PER_LAYER"].default
-    cache, backend, bodies = make(per_layer=per_layer, limit=envs.MAX_OP_GRAPHS)
-    rounds, layers = 10, 160
-    for n in range(rounds):
-        for m in rows:
-            for layer in range(1, layers + 1):
-                x = torch.full((m, 2), float(layer))
-                out = call(cache, backend, (m, layer), x, body_for(bodies, 2.0), layer=layer)
-                assert torch.equal(out, x * 2.0)
-        if n == 2:
-            after_warm_up = cache.captures
-    calls = rounds * len(rows) * layers
-    assert (cache.captures, after_warm_up, cache.recaptures) == (captured, captured, 0)
-    assert cache.replays == calls - len(rows) * layers  # every call but the first of each key
-    assert len(cache) == 320 and cache.memory()["static_bytes"] == 2 * max(rows) * 2 * 4
-
-
-def test_a_layer_over_its_quota_keeps_its_most_called_graphs_and_says_so_once(caplog):
-    cache, backend, bodies = make(per_layer=2, limit=64)
-    other = torch.randn(4, 3)
-    for _ in range(2):
-        call(cache, backend, "other", other, body_for(bodies, 1.0), layer=9)
-
-    def layer_7(rows, rounds):
-        for _ in range(rounds):
-            for m in rows:
-                x = torch.randn(m, 2)
-                assert torch.equal(call(cache, backend, ("L7", m), x, body_for(bodies, 3.0),
-                                        layer=7), x * 3.0)
-
-    # three shapes of layer 7 recur in turn, two graphs kept: the third, called as often as
-    # the graph it would drop, runs step by step (an LRU would drop and capture one at every
-    # call); never a capture for a graph dropped before. Crowded out from its third call
-    # (RECURRING_CALLS): at its second it may be a one-off that came back once
-    layer_7((5, 3, 2), 4)
-    assert sorted(k for k in cache._entries if k != "other") == [("L7", 3), ("L7", 5)]
-    assert (cache.captures, cache.recaptures, cache.crowded_out) == (1 + 2, 0, 2)
-    warned = [r for r in caplog.records if "radiance-ar op graphs" in r.message]
-    assert len(warned) == 1 and warned[0].levelname == "WARNING"
-    assert "layer 7 with 2 rows recur as often as" in warned[0].message
-    assert "RADIANCE_AR_OP_GRAPHS_PER_LAYER" in warned[0].message
-    # M = 5 stops coming: M = 2, now called more often lately, takes its room; M = 5 back
-    # and called more often than M = 3 takes M = 3's: a recapture, warned once too
-    layer_7((3, 2), 2)
-    assert sorted(k for k in cache._entries if k != "other") == [("L7", 2), ("L7", 3)]
-    layer_7((5,), 7)
-    assert sorted(k for k in cache._entries if k != "other") == [("L7", 2), ("L7", 5)]
-    assert "other" in cache._entries  # another layer's graph is never dropped for layer 7
-    assert (cache.recaptures, len(caplog.records)) == (1, 2)
-    assert "a graph dropped for room was captured again (layer 7, 5 rows)" in caplog.records[1].message
 
 
 @pytest.mark.parametrize("per_layer, limit, named", [(0, 8, "per_layer 0"), (2, 0, "limit 0"),
@@ -280,51 +212,3 @@ def test_a_capture_is_ended_exactly_once_on_every_path(monkeypatch, fails):
             cache.capture_cuda_graph(RoundBackend(), run)
     assert state == {"capturing": False, "ends": 1}
 
-
-def test_thousands_of_calls_of_varying_m_hold_bounded_memory_and_keep_the_recurring_graphs(
-        monkeypatch):
-    # a chunked prefill under light load: two recurring M values (a full chunk and a
-    # remainder that comes back) and, 30% of the time, an M that may never recur
-    monkeypatch.setattr(GraphCache, "SEEN_KEYS", 64)
-    cache, backend, bodies = make(per_layer=4, limit=4096)
-    rng, layers, hot, widest = random.Random(0), 3, (64, 48), 80
-    for step in range(1500):
-        m = hot[step % 2] if rng.random() < 0.7 else rng.randint(16, widest)
-        for layer in range(1, layers + 1):
-            x = torch.full((m, 2), float(step))
-            out = call(cache, backend, (m, layer), x, body_for(bodies, 1.0), layer=layer)
-            assert torch.equal(out, x), (step, layer, m)
-        assert len(cache) <= 4 * layers and len(cache._seen) <= 64 and len(cache._dropped) <= 64
-        assert cache.memory()["static_bytes"] <= 2 * widest * 2 * 4
-        # a recurring shape's graph is never dropped for room (the buffers' growth drops
-        # graphs, not for room: they are captured again, uncounted)
-        assert not any(key[0] in hot for key in cache._dropped), step
-    # the recurring shapes keep their graphs in every layer: their calls replay
-    assert all((m, layer) in cache._entries for m in hot for layer in range(1, layers + 1))
-    # a one-off M that comes back runs step by step unless it comes more often lately than
-    # the graph it would drop: 230 captures here, most of them one-off M values taking each
-    # other's room; a plain LRU made 1437, 246 of them the recurring M values' graphs again
-    assert cache.captures < 300
-
-
-def test_call_counts_halve_every_window_and_keys_called_once_leave(monkeypatch):
-    monkeypatch.setattr(GraphCache, "USES_WINDOW_PER_GRAPH", 3)  # 2 graphs at most: 6 calls
-    cache, backend, bodies = make(per_layer=2)
-    x = torch.randn(2, 2)
-    for key in ("a", "a", "a", "a", "b"):
-        call(cache, backend, key, x, body_for(bodies, 1.0))
-    assert cache._uses == {"a": 4, "b": 1}
-    call(cache, backend, "c", x, body_for(bodies, 1.0))  # the sixth call: every count halves
-    assert cache._uses == {"a": 2}
-
-
-def test_a_sweep_of_m_values_larger_than_the_quota_captures_each_within_a_few_calls():
-    # a benchmark that runs 23 calls of each M, largest first, through one layer: a shape
-    # that stops coming yields its room once the counts of calls halve (10 calls per graph)
-    cache, backend, bodies = make(per_layer=4, limit=64)
-    for m in range(15, 7, -1):
-        for n in range(23):
-            x = torch.randn(m, 2)
-            assert torch.equal(call(cache, backend, m, x, body_for(bodies, 1.0), layer=1), x)
-    eager = 8 * 23 - cache.replays
-    assert (cache.captures, eager) == (8, 24)  # the first call of each, and a few refused
