@@ -120,8 +120,9 @@ KNOBS: dict[str, Knob] = {
              "captured op calls kept per layer, one per M (a graph holds its layer's weight "
              "by address): a chunked prefill's recurring M values (the full chunk, a remainder "
              "that comes back) need one each; a capture drops a graph only for a shape called "
-             "twice as often lately, so where more recur the others run step by step, which a "
-             "warning says once (`radiance_ar/overlap/graph_room.py`). "
+             "twice as often lately, so where more recur the others run step by step, and "
+             "where recurring shapes crowd each other out a warning says so once "
+             "(`radiance_ar/overlap/graph_room.py`). "
              f"At most {MAX_OP_GRAPHS} graphs in all per op runtime (one per process; under "
              "`RADIANCE_AR_BACKEND=auto`, one per configuration chosen)",
              lo=1, hi=MAX_OP_GRAPHS_PER_LAYER),

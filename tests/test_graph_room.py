@@ -31,8 +31,9 @@ def drive(calls, per_layer=None, limit=envs.MAX_OP_GRAPHS, cache=None):
     the cache and what each call did: 'eager', 'captured' or 'replayed'."""
     if per_layer is None:
         per_layer = envs.KNOBS["RADIANCE_AR_OP_GRAPHS_PER_LAYER"].default
-    cache = cache or GraphCache(torch.device("cpu"), per_layer,
-                                lambda backend, run: (Replayable(run), None), limit)
+    if cache is None:  # (not ``or``: an empty cache has no length)
+        cache = GraphCache(torch.device("cpu"), per_layer,
+                           lambda backend, run: (Replayable(run), None), limit)
     did = []
     for m, layer in calls:
         x = torch.full((m, 2), float(len(did)))
@@ -48,17 +49,18 @@ def drive(calls, per_layer=None, limit=envs.MAX_OP_GRAPHS, cache=None):
 
 # ---------------------------------------------------------------- the room alone
 
-def test_the_victim_is_the_layers_least_recently_used_then_the_rooms():
+def test_the_victim_is_the_least_called_lately_of_the_layer_then_of_the_room():
     room = GraphRoom(per_layer=2, limit=3)
-    for key, layer in (("a", 1), ("b", 1), ("c", 2)):
-        room.called(key)
+    for key, layer, calls in (("a", 1, 3), ("b", 1, 1), ("c", 2, 2)):
+        for _ in range(calls):
+            room.called(key)
         assert room.victim(layer) is None
         assert room.put(key, layer, key.upper()) == []
-    room.called("a")  # a is now layer 1's most recently used
+    room.called("b")  # b is layer 1's most recently used, and still its least called
     assert room.victim(1) == "b"  # layer 1 has its quota
-    assert room.victim(3) == "b"  # the room is full: its least recently used
+    assert room.victim(3) == "c"  # the room is full: of a (3), b (2), c (2) the older of c, b
     room.called("d")
-    assert room.put("d", 1, "D") == ["B"] and list(room._kept) == ["c", "a", "d"]
+    assert room.put("d", 1, "D") == [("b", "B")] and list(room._kept) == ["a", "c", "d"]
 
 
 def test_counts_halve_every_window_and_keys_called_once_leave():
@@ -139,7 +141,7 @@ def test_equally_recurring_shapes_over_the_quota_run_step_by_step_without_thrash
 def test_a_sweep_of_m_values_through_one_layer_captures_each_within_a_few_calls(caplog):
     # a benchmark running 23 calls of each of 8 M values, largest first, through one layer
     # with room for 4: a shape that stops coming yields its room as its count fades (the
-    # fifth to eighth M run 8-10 calls step by step: the old count must halve once)
+    # fifth to eighth M run 7-9 calls step by step: the old count must halve once)
     calls = [(m, 1) for m in range(15, 7, -1) for _ in range(23)]
     with caplog.at_level(logging.WARNING, logger="radiance_ar"):
         cache, did = drive(calls)
@@ -163,3 +165,34 @@ def test_ranks_that_made_different_calls_before_a_new_generation_decide_alike_af
     rng = random.Random(1)
     after = [(rng.choice((8, 4, 2, 16)), 1) for _ in range(300)]
     assert drive(after, cache=caches[0])[1] == drive(after, cache=caches[1])[1]
+
+
+def test_a_graph_called_once_a_round_does_not_shield_a_busier_key():
+    # rounds of B x 10, A x 1 (both kept, two a layer), then C x 9 joins: the victim is the
+    # least called lately (A), not the least recently used (B), so C takes A's room
+    calls = [("B", 10), ("A", 1)] * 4 + [("C", 9), ("B", 10), ("A", 1)] * 6
+    cache, did = drive([(m, 1) for name, n in calls for m in [ord(name)] * n], per_layer=2)
+    mine = [d for (name, n) in calls for d in [name] * n]
+    c_calls = [d for name, d in zip(mine, did) if name == "C"]
+    assert c_calls.count("captured") == 1 and c_calls[-9:] == ["replayed"] * 9
+
+
+def test_a_refused_capture_ahead_counts_nothing_so_ranks_stay_alike():
+    # EmulatedRanks.capture_ahead stops at the first rank whose block raises: that rank's
+    # room must not have counted the call the others never made
+    cache, did = drive([(8, 1)] * 3)
+    uses = cache.room.uses((8, 1))
+    with pytest.raises(ValueError, match="captured already"), cache.capturing_ahead():
+        drive([(8, 1)], cache=cache)
+    assert cache.room.uses((8, 1)) == uses
+
+
+def test_a_recurring_graph_dropped_for_room_is_due_again_and_its_capture_is_counted(caplog):
+    # one graph a layer; M = 2 recurring, then M = 3 comes four times as often: it takes the
+    # room; M = 2 back, as often, takes it back, a recapture of a recurring key, warned once
+    calls = [(2, 1)] * 6 + [(3, 1)] * 30 + [(2, 1)] * 40
+    with caplog.at_level(logging.WARNING, logger="radiance_ar"):
+        cache, did = drive(calls, per_layer=1)
+    assert did.count("captured") == 3 and cache.room.recaptures == 1
+    assert [r.getMessage().split(":")[1].strip() for r in caplog.records] == [
+        "a graph dropped for room was captured again (layer 1, 2 rows)"]

@@ -5,12 +5,13 @@ and recurring M. The room keeps at most ``per_layer`` graphs per layer
 (``RADIANCE_AR_OP_GRAPHS_PER_LAYER``) and ``limit`` in all, and decides, for a call whose
 capture would drop a graph, whether it may:
 
-- The victim: the layer's least recently used graph where the layer has its quota, else the
-  least recently used of all where the room is full.
+- The victim: the layer's least called graph lately (of those, the least recently used)
+  where the layer has its quota, else the least called of all where the room is full.
 - Admission: the capture drops the victim only for a key called at least ``ADMIT_RATIO``
   times as often lately as the victim's; otherwise the call runs step by step. "Lately":
   every key's count of calls halves every ``USES_WINDOW_PER_GRAPH`` calls per graph held
-  (TinyLFU's sample), so a shape that stops coming yields its room.
+  (TinyLFU's sample), so a shape that stops coming yields its room. A shape that comes
+  less often than about once a window is, to the room, a one-off.
 - Too small: a refused key that recurs (``RECURRING_CALLS`` calls lately, and as often as
   the victim) while the victim is in use too (called since the key's previous call) is
   crowded out; a recurring key captured again after its graph was dropped is a recapture.
@@ -28,6 +29,8 @@ Why each rule (CPU models of the calls, tests/test_graph_room.py):
   none), while a capture costs the host a step-by-step call plus the instantiation.
 - The ratio: equally recurring shapes over the quota, admitted on a count one higher (the
   halving rounds down), dropped each other at every round.
+- The least called, not the least recently used: a graph called once a round shielded one
+  called ten times, and a newcomer called nine times never got in.
 
 Every decision depends only on the sequence of calls, so ranks that make the same calls
 decide alike; :meth:`clear` (a new generation of buffers: after growth or a resync, on
@@ -58,8 +61,10 @@ class GraphRoom:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GraphRoom: {name} {value!r}: expected an int >= 1")
         self.per_layer, self.limit = per_layer, limit
+        #: key -> (layer, value), least recently used first; and each layer's keys, alike
         self._kept: collections.OrderedDict[Hashable, tuple[Hashable, Any]] = \
             collections.OrderedDict()
+        self._layers: dict[Hashable, collections.OrderedDict[Hashable, None]] = {}
         self._uses: collections.Counter[Hashable] = collections.Counter()
         self._calls = 0
         #: the number of each key's last call (of those counted), and the current key's
@@ -95,6 +100,7 @@ class GraphRoom:
         self._last[key] = self._serial
         if key in self._kept:
             self._kept.move_to_end(key)
+            self._layers[self._kept[key][0]].move_to_end(key)
         if self._calls >= self.USES_WINDOW_PER_GRAPH * max(len(self._kept), self.per_layer):
             self._calls = 0
             self._uses = collections.Counter({k: n // 2 for k, n in self._uses.items() if n > 1})
@@ -105,11 +111,13 @@ class GraphRoom:
         return self._uses[key]
 
     def victim(self, layer: Hashable) -> Hashable | None:
-        """The key whose graph a capture for ``layer`` would drop; None where there is room."""
-        mine = [k for k, (owner, _) in self._kept.items() if owner == layer]
-        if len(mine) >= self.per_layer:
-            return mine[0]
-        return next(iter(self._kept)) if len(self._kept) >= self.limit else None
+        """The key whose graph a capture for ``layer`` would drop (module doc); None where
+        there is room."""
+        mine = self._layers.get(layer, ())
+        among = mine if len(mine) >= self.per_layer else \
+            self._kept if len(self._kept) >= self.limit else None
+        # min keeps the first of equals: iterated least recently used first
+        return None if among is None else min(among, key=self._uses.__getitem__)
 
     def admits(self, key: Hashable, layer: Hashable) -> bool:
         """Whether ``key``'s capture may take room (module doc); a refusal of a recurring
@@ -123,16 +131,17 @@ class GraphRoom:
             self.crowded_out += 1
         return False
 
-    def put(self, key: Hashable, layer: Hashable, value: Any) -> list[Any]:
+    def put(self, key: Hashable, layer: Hashable, value: Any) -> list[tuple[Hashable, Any]]:
         """Keep ``value`` for ``key`` of ``layer``, dropping the victim first if any (its
-        value is returned, for the caller to release); a recurring key dropped before
-        counts as a recapture."""
+        key and value are returned, for the caller to release); a recurring key dropped
+        before counts as a recapture."""
         victim = self.victim(layer)
-        dropped = [] if victim is None else [self._drop(victim)]
+        dropped = [] if victim is None else [(victim, self._drop(victim))]
         if key in self._dropped:
             del self._dropped[key]
             self.recaptures += self._uses[key] >= self.RECURRING_CALLS
         self._kept[key] = (layer, value)
+        self._layers.setdefault(layer, collections.OrderedDict())[key] = None
         return dropped
 
     def forget_dropped(self, key: Hashable) -> None:
@@ -140,7 +149,10 @@ class GraphRoom:
         self._dropped.pop(key, None)
 
     def _drop(self, key: Hashable) -> Any:
-        _, value = self._kept.pop(key)
+        layer, value = self._kept.pop(key)
+        del self._layers[layer][key]
+        if not self._layers[layer]:
+            del self._layers[layer]
         self._dropped[key] = None
         while len(self._dropped) > self.DROPPED_KEYS:
             self._dropped.popitem(last=False)
@@ -149,6 +161,7 @@ class GraphRoom:
     def clear(self) -> None:
         """Forget every graph, count and dropped key (a new generation of buffers)."""
         self._kept.clear()
+        self._layers.clear()
         self._uses.clear()
         self._calls = 0
         self._last.clear()

@@ -101,7 +101,8 @@ class GraphCache:
         #: the buffers every graph bakes in (``generation()`` of :meth:`call`): when they
         #: change, every graph and count starts over
         self._generation: Hashable = None
-        #: keys warmed up eagerly in this generation (captured at a later call)
+        #: keys warmed up in this generation and not kept (captured at a later call): run
+        #: eagerly, or their graph dropped for room
         self._seen: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
         #: persistent x / out by (role, columns, dtype, rows rounded up to a power of two)
         self._static: dict[tuple, torch.Tensor] = {}
@@ -153,21 +154,22 @@ class GraphCache:
              body: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor | None:
         """``body(x, out)`` (the op's sliced path) for ``x``: eagerly the first time its
         ``key`` is seen, captured at a later call where the room admits it (the second,
-        unless it would drop a graph called more often lately), replayed after; ``layer``
+        unless it would drop a graph called more than half as often lately), replayed
+        after; ``layer``
         names the layer whose quota it counts in (its weight). ``generation()`` names the
         buffers a graph bakes in (also asked after an eager body, which may grow them);
         ``sig`` is the op call's signature (its header per replay). Inside
         :meth:`capturing_ahead`: captured only, returning None."""
         self._renew(generation())
-        self.room.called(key)
         entry = self.room.get(key)
         due = entry is None and key in self._seen  # warmed up eagerly in these buffers
+        if self._ahead and not due:  # refused before anything is counted
+            raise ValueError(
+                f"GraphCache.capturing_ahead: the call of {key!r} is not due for capture "
+                f"({'captured already' if entry is not None else 'not run eagerly first'}); "
+                "capture ahead only the call that follows a shape's eager one")
+        self.room.called(key)
         if self._ahead:
-            if not due:
-                raise ValueError(
-                    f"GraphCache.capturing_ahead: the call of {key!r} is not due for capture "
-                    f"({'captured already' if entry is not None else 'not run eagerly first'}); "
-                    "capture ahead only the call that follows a shape's eager one")
             self._capture(key, layer, x, out_shape, sig, backend, body)
             return None
         if entry is None and not (due and self._admitted(key, layer, sig)):
@@ -175,10 +177,7 @@ class GraphCache:
             body(x, out)
             if self._renew(generation()) or not due:  # warmed up: a first capture next
                 self.room.forget_dropped(key)
-            self._seen.pop(key, None)
-            self._seen[key] = None
-            while len(self._seen) > self.SEEN_KEYS:  # oldest first
-                self._seen.popitem(last=False)
+            self._remember(key)
             return out
         if entry is None:
             entry = self._capture(key, layer, x, out_shape, sig, backend, body)
@@ -206,6 +205,13 @@ class GraphCache:
         self.clear()
         self._generation = now
         return True
+
+    def _remember(self, key: Hashable) -> None:
+        """``key`` is warm in this generation and not kept (most recent; oldest forgotten)."""
+        self._seen.pop(key, None)
+        self._seen[key] = None
+        while len(self._seen) > self.SEEN_KEYS:
+            self._seen.popitem(last=False)
 
     def _admitted(self, key: Hashable, layer: Hashable, sig: CallSignature) -> bool:
         """The room's admission of ``key``'s capture; a crowded-out key warned about once."""
@@ -246,7 +252,11 @@ class GraphCache:
         self.captures += 1
         entry = _Entry(graph, rnd, x_static, out_static)
         recaptures = self.room.recaptures
-        if self.room.put(key, layer, entry):  # a graph dropped for room: its buffers?
+        self._seen.pop(key, None)
+        dropped = self.room.put(key, layer, entry)
+        for old, _ in dropped:  # still warm: due for capture again at its next call
+            self._remember(old)
+        if dropped:  # and the persistent buffers no graph binds any more go
             used = {k for e in self.room.values() for k in _static_keys(e)}
             for k in [k for k in self._static if k not in used]:
                 del self._static[k]
