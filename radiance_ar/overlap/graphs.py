@@ -155,9 +155,9 @@ class GraphCache:
         """``body(x, out)`` (the op's sliced path) for ``x``: eagerly the first time its
         ``key`` is seen, captured at a later call where the room admits it (the second,
         unless it would drop a graph called more than half as often lately), replayed
-        after; ``layer``
-        names the layer whose quota it counts in (its weight). ``generation()`` names the
-        buffers a graph bakes in (also asked after an eager body, which may grow them);
+        after; ``layer`` names the layer whose quota it counts in (its weight).
+        ``generation()`` names the buffers a graph bakes in (also asked after an eager
+        body, which may grow them);
         ``sig`` is the op call's signature (its header per replay). Inside
         :meth:`capturing_ahead`: captured only, returning None."""
         self._renew(generation())
