@@ -196,3 +196,19 @@ def test_a_recurring_graph_dropped_for_room_is_due_again_and_its_capture_is_coun
     assert did.count("captured") == 3 and cache.room.recaptures == 1
     assert [r.getMessage().split(":")[1].strip() for r in caplog.records] == [
         "a graph dropped for room was captured again (layer 1, 2 rows)"]
+
+
+def test_the_gpu_tests_sequence_captures_only_ahead():
+    # tests/test_graphs_gpu.py drives emulated ranks with active peers, where a capture
+    # while a peer's replay waits can block: its sequence must capture only inside
+    # capturing_ahead, and leave M = 288 step by step between the kept shapes' replays
+    cache = GraphCache(torch.device("cpu"), 2, lambda backend, run: (Replayable(run), None))
+    for m in (384, 320):
+        drive([(m, 1)], cache=cache)
+        with cache.capturing_ahead():
+            x = torch.zeros(m, 2)
+            cache.call((m, 1), 1, lambda: 0, x, (m, 2), CallSignature(m, 2, x.dtype, layer=1),
+                       Backend(), lambda x_in, out: torch.mul(x_in, 3.0, out=out))
+        assert drive([(m, 1)], cache=cache)[1] == ["replayed"]
+    rounds = drive([(m, 1) for _ in range(12) for m in (384, 320, 288)], cache=cache)[1]
+    assert rounds == ["replayed", "replayed", "eager"] * 12 and cache.captures == 2
