@@ -80,8 +80,8 @@ def test_shapes_of_one_layer_share_buffers_and_a_refused_one_runs_between_their_
         backend, release):
     # two graphs a layer: M = 384 and 320 are kept and bind the first rows of one persistent
     # pair (both round up to 512 rows); M = 288, called less often, runs step by step
-    # between their replays (GraphRoom: the sequence was checked on the CPU to capture
-    # nothing else, so no capture happens while a peer's replay waits)
+    # between their replays (test_graph_room.test_the_gpu_tests_sequence_captures_only_ahead:
+    # nothing else is captured, so no capture happens while a peer's replay waits)
     size, cols, k = 2, 1024, 256
     ranks = EmulatedRanks(size, DEV)
     rts = build(ranks, backend, 4, per_layer=2)
