@@ -1,9 +1,10 @@
 """Every environment knob of radiance-ar, declared once, and the backends' settings.
 
 Each knob is one :class:`~radiance_ar.knob.Knob` in :data:`KNOBS`: its name, type, bounds,
-default and meaning (the parsers live in :mod:`radiance_ar.knob`). Everything else is derived from that declaration: the parser of its text, the
-field of :class:`BackendSettings` (a backend knob), that field's check, and the settings
-table of the docs (:func:`settings_table`). No other module reads ``os.environ``. A bad
+default and meaning (the parsers live in :mod:`radiance_ar.knob`). Everything else is
+derived from that declaration: the parser of its text, the field of
+:class:`BackendSettings` (a backend knob), that field's check, and the settings table of
+the docs (:func:`settings_table`). No other module reads ``os.environ``. A bad
 value raises ``ValueError`` naming the variable, the value and what was expected; nothing
 falls back silently to a default. The backend knobs reach the backends as one frozen
 :class:`BackendSettings` (``cls(world, settings)``), checked in its constructor with the

@@ -107,7 +107,7 @@ def test_a_70b_model_with_two_recurring_m_values_captures_each_once_then_replays
 
 def test_one_off_m_values_that_come_back_never_take_a_recurring_ms_room(caplog):
     # a chunked prefill under light load: two recurring M values and, 30% of the time, an M
-    # of 16-80 rows. A plain LRU captured 1437 times in these 4500 calls, 246 of them the
+    # of 16-80 rows. A plain LRU captured 1437 times in these 4500 calls, 240 of them the
     # recurring graphs captured again; the room admits a capture that would drop a graph
     # only for a key called twice as often lately.
     rng, hot, layers = random.Random(0), (64, 48), 3

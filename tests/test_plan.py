@@ -105,7 +105,7 @@ def test_the_tools_cut_slices_with_the_ops_bounds():
             assert world_measure.slice_plan(case, 3) == op_bounds(
                 settings, None, 1000, prod.slice_row_align)
         spec = SimpleNamespace(backends=("sdma", "sdma_wht6"), slices=3, chunk_rows=(100, 37),
-                               knobs=BackendSettings())
+                               knobs=BackendSettings(), shapes=SimpleNamespace(tp=2))
         sizes = prefill_emulated.op_slice_rows(spec, SimpleNamespace(producer=prod))
         expected = set()
         for name in spec.backends:

@@ -36,6 +36,7 @@ from radiance_ar import backends  # noqa: E402
 from radiance_ar import envs  # noqa: E402
 from radiance_ar.overlap import config as overlap_config  # noqa: E402
 from radiance_ar.envs import OVERLAP_PLANS  # noqa: E402
+from radiance_ar.overlap.slicing import slice_count  # noqa: E402
 from radiance_ar.transport.world import World  # noqa: E402
 import baseline  # noqa: E402
 from compare_args import DEFAULTS, QUICK, parse_args  # noqa: E402
@@ -66,8 +67,7 @@ def cases(args: argparse.Namespace, device: str, world_kind: str | None = None,
             runs: dict[tuple[int, str], None] = {}  # (S, plan), each once, in order
             for setting in (args.slices if cls.pipelined else [1]):
                 for plan in (args.plans if cls.pipelined else OVERLAP_PLANS[:1]):
-                    s = (cls.preferred_slices_for(world_size or args.world, rows, plan)
-                         if setting == "auto" else setting)
+                    s = slice_count(setting, cls, rows, plan, world_size or args.world)
                     # one slice is one plan, recorded as the default: the others would repeat it
                     runs[s, plan if s > 1 else OVERLAP_PLANS[0]] = None
             for s, plan in runs:

@@ -49,6 +49,7 @@ from model_shapes import RankShapes
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
 from radiance_ar.overlap.plan import input_view
+from radiance_ar.overlap.slicing import slice_count
 from prefill_stack import (COMPONENTS, DTYPE, ShardModel, activation_step, make_chunks,
                            prefill_steps, run_alone)
 from world_measure import digest
@@ -123,10 +124,8 @@ def gate_reason(name: str, world: World, cols: int) -> str | None:
 def chunk_slices(spec: Spec, backend: str, rows: int) -> int:
     """The S ``backend``'s on arm cuts a chunk of ``rows`` rows into: ``spec.slices``, or
     for ``auto`` what the op runs at this TP degree (``Backend.preferred_slices_for``)."""
-    if spec.slices != "auto":
-        return spec.slices
-    plan = settings(spec, backend).plan
-    return backends.get(backend).preferred_slices_for(spec.shapes.tp, rows, plan)
+    return slice_count(spec.slices, backends.get(backend), rows, settings(spec, backend).plan,
+                       spec.shapes.tp)
 
 
 def arm_slices(spec: Spec, backend: str) -> int | str:

@@ -33,10 +33,10 @@ import sys
 import torch
 
 from radiance_ar.diagnostics import write_json
-from radiance_ar.diagnostics.host_cost import host_and_device_us
+from radiance_ar.diagnostics.host_cost import (add_call_args, host_and_device_us,
+                                               passive_peer_runtime)
 from radiance_ar.envs import BackendSettings
 from radiance_ar.harness.host import resident_bytes
-from radiance_ar.transport.world import emulated_worlds
 
 
 def _median_ms(timings: list[tuple[float, float]]) -> dict[str, float]:
@@ -45,20 +45,24 @@ def _median_ms(timings: list[tuple[float, float]]) -> dict[str, float]:
             "device_ms": statistics.median(d for _, d in timings) / 1e3}
 
 
+def _memory(device: torch.device) -> tuple[int, int, int | None]:
+    """After a synchronize: the device's free bytes, torch's reserved bytes, and this
+    process's resident bytes."""
+    torch.cuda.synchronize()
+    return (torch.cuda.mem_get_info(device)[0], torch.cuda.memory_reserved(device),
+            resident_bytes())
+
+
 def measure(name: str, size: int, rows: int, cols: int, k: int, slices: int | str,
             layers: int, calls: int) -> dict:
     """The record of one shape (see the module doc)."""
-    from radiance_ar import overlap
     from radiance_ar.overlap.config import OverlapSettings
     from radiance_ar.overlap.op import forward
 
     device = torch.device("cuda", torch.cuda.current_device())
-    world = emulated_worlds(size, device)[0]
-    rt = overlap.build(world, OverlapSettings(True, name, 1, slices, BackendSettings.from_env(),
-                                              graphs="on", graphs_per_layer=1))
-    try:
-        rt.backend.ensure_capacity(rows, cols, torch.bfloat16)
-        rt.backend.fill_passive_peers()
+    settings = OverlapSettings(True, name, 1, slices, BackendSettings.from_env(), graphs="on",
+                               graphs_per_layer=1)
+    with passive_peer_runtime(settings, size, rows, cols) as rt:
         x = torch.randn(rows, k, device=device).to(torch.bfloat16)
         weights = [torch.randn(cols, k, device=device).to(torch.bfloat16) for _ in range(layers)]
         for w in weights:
@@ -66,13 +70,9 @@ def measure(name: str, size: int, rows: int, cols: int, k: int, slices: int | st
         calls_of = [lambda w=w: forward(rt, x, w, None, "bf16") for w in weights]
         check = rt.backend.check
         first = [host_and_device_us(call, check, 1, 0) for call in calls_of]
-        torch.cuda.synchronize()
-        free_before, reserved_before = torch.cuda.mem_get_info(device)[0], torch.cuda.memory_reserved(device)
-        host_before = resident_bytes()
+        free_before, reserved_before, host_before = _memory(device)
         capture = [host_and_device_us(call, check, 1, 0) for call in calls_of]
-        torch.cuda.synchronize()
-        free_after, reserved_after = torch.cuda.mem_get_info(device)[0], torch.cuda.memory_reserved(device)
-        host_after = resident_bytes()
+        free_after, reserved_after, host_after = _memory(device)
         allocator = reserved_after - reserved_before
         graphs = rt.graphs()
         assert graphs is not None and graphs.captures == layers, "every layer captured once"
@@ -86,21 +86,14 @@ def measure(name: str, size: int, rows: int, cols: int, k: int, slices: int | st
                 "graph_host_bytes": (None if host_before is None or host_after is None
                                      else (host_after - host_before) / layers),
                 "static_bytes": graphs.memory()["static_bytes"]}
-    finally:
-        rt.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="sdma_wht6", help="registered backend (default sdma_wht6)")
-    p.add_argument("--world", type=int, default=4, help="emulated ranks (default 4)")
-    p.add_argument("--rows", default="2048,8192", help="comma-separated M values")
-    p.add_argument("--cols", type=int, default=5120, help="N, the output columns (default 5120)")
-    p.add_argument("--k", type=int, default=4352, help="the GEMM's inner dimension (default 4352)")
+    add_call_args(p, "sdma_wht6", "2048,8192", "comma-separated M values", 50)
     p.add_argument("--slices", default="auto", help="slices per call, or auto (default)")
     p.add_argument("--layers", type=int, default=32, help="layers captured (default 32)")
-    p.add_argument("--calls", type=int, default=50, help="timed replays (default 50)")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     args = p.parse_args(argv)
     if args.world < 2 or args.backend == "auto":

@@ -24,12 +24,14 @@ the host spends before the first slice's all-reduce is enqueued shows up there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import statistics
 import sys
 import time
+from typing import Iterator
 
 import torch
 
@@ -98,21 +100,45 @@ def _op_call(rt, rows: int, cols: int, k: int, device: torch.device):
     return lambda: forward(rt, x, w, None, "bf16")
 
 
+@contextlib.contextmanager
+def passive_peer_runtime(settings, size: int, rows: int, cols: int) -> Iterator:
+    """The op's runtime (``settings``) of one emulated rank of ``size`` on this GPU, its
+    buffers grown for ``rows x cols`` bf16 and its peers passive (the compare tool's
+    timing mode: no stream waits on a peer); closed on exit."""
+    from radiance_ar import overlap
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    rt = overlap.build(emulated_worlds(size, device)[0], settings)
+    try:
+        rt.backend.ensure_capacity(rows, cols, torch.bfloat16)
+        rt.backend.fill_passive_peers()
+        yield rt
+    finally:
+        rt.close()
+
+
+def add_call_args(p: argparse.ArgumentParser, backend: str, rows: str, rows_help: str,
+                  calls: int) -> None:
+    """The options of the calls a diagnostic times: backend, world, rows, N, K, calls."""
+    p.add_argument("--backend", default=backend, help=f"registered backend (default {backend})")
+    p.add_argument("--world", type=int, default=4, help="emulated ranks (default 4)")
+    p.add_argument("--rows", default=rows, help=f"{rows_help} (default {rows})")
+    p.add_argument("--cols", type=int, default=5120, help="N, the output columns (default 5120)")
+    p.add_argument("--k", type=int, default=4352,
+                   help="the op's GEMM inner dimension (default 4352)")
+    p.add_argument("--calls", type=int, default=calls, help=f"timed calls (default {calls})")
+
+
 def measure(name: str, size: int, rows: int, cols: int, calls: int, warmup: int,
             profile: bool, top: int, op_slices: int = 0, k: int = 4352,
             sort: str = "tottime") -> dict:
     """``op_slices`` 0: a bare all-reduce call; else one op call with that many slices."""
-    from radiance_ar import overlap
     from radiance_ar.overlap.config import OverlapSettings
 
     device = torch.device("cuda", torch.cuda.current_device())
-    world = emulated_worlds(size, device)[0]
-    rt = overlap.build(world, OverlapSettings(True, name, 1, max(op_slices, 1),
-                                              BackendSettings.from_env()))
-    backend = rt.backend
-    try:
-        backend.ensure_capacity(rows, cols, torch.bfloat16)
-        backend.fill_passive_peers()
+    settings = OverlapSettings(True, name, 1, max(op_slices, 1), BackendSettings.from_env())
+    with passive_peer_runtime(settings, size, rows, cols) as rt:
+        backend = rt.backend
         call = (_op_call(rt, rows, cols, k, device) if op_slices
                 else _all_reduce_call(backend, rows, cols, device))
         host, dev = host_and_device_us(call, backend.check, calls, warmup)
@@ -125,18 +151,12 @@ def measure(name: str, size: int, rows: int, cols: int, calls: int, warmup: int,
             record["profile_back_to_back"] = profile_calls(call, backend.check, min(calls, 20),
                                                            top, True, sort)
         return record
-    finally:
-        rt.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="sdma", help="registered backend (default sdma)")
-    p.add_argument("--world", type=int, default=4, help="emulated ranks (default 4)")
-    p.add_argument("--rows", default="1024,2048", help="comma-separated slice rows")
-    p.add_argument("--cols", type=int, default=5120, help="columns (default 5120)")
-    p.add_argument("--calls", type=int, default=100, help="timed calls (default 100)")
+    add_call_args(p, "sdma", "1024,2048", "comma-separated slice rows", 100)
     p.add_argument("--warmup", type=int, default=10, help="untimed calls (default 10)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the calls")
     p.add_argument("--top", type=int, default=25, help="profile lines (default 25)")
@@ -144,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile order: own time (default) or cumulative")
     p.add_argument("--op-slices", type=int, default=0, metavar="S",
                    help="time one op call with S slices instead of a bare all-reduce")
-    p.add_argument("--k", type=int, default=4352, help="the op's GEMM inner dimension")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

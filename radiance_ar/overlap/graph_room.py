@@ -22,10 +22,11 @@ Why each rule (CPU models of the calls, tests/test_graph_room.py):
 
 - Per layer, not per process: Llama-3.1-70B at TP 4 routes 160 linears; with a full chunk
   and a recurring remainder, the process-wide LRU of 256 graphs this replaced dropped every
-  graph just before its next use, so every call captured (2880 captures in 3200 calls).
+  graph just before its next use, so every call captured (2880 captures in 3200 calls;
+  docs/history.md, thirteenth session, has the model and its command).
 - Admission: with 30% one-off M values among two recurring ones, a least-recently-used
   quota captured the one-offs that came back and dropped recurring graphs for them (1437
-  captures in 4500 calls, 246 of them recurring graphs again; with the rule about 200, and
+  captures in 4500 calls, 240 of them recurring graphs again; with the rule about 200, and
   none), while a capture costs the host a step-by-step call plus the instantiation.
 - The ratio: equally recurring shapes over the quota, admitted on a count one higher (the
   halving rounds down), dropped each other at every round.
@@ -79,9 +80,6 @@ class GraphRoom:
 
     def __len__(self) -> int:
         return len(self._kept)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._kept
 
     def get(self, key: Hashable) -> Any:
         """``key``'s value, or None."""

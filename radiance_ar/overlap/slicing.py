@@ -24,13 +24,16 @@ from typing import Any
 from radiance_ar.envs import OVERLAP_PLANS as PLANS
 
 
-def slice_count(setting: int | str, backend: Any, rows: int, plan: str) -> int:
+def slice_count(setting: int | str, backend: Any, rows: int, plan: str,
+                world_size: int | None = None) -> int:
     """The S the op runs for ``rows`` rows cut by ``plan``: RADIANCE_AR_OVERLAP_SLICES as
     set, or for ``auto`` the backend's ``preferred_slices_for`` (its slice count chosen
-    by measurement, per world size, rows and plan; ``backend`` an instance, in its world)."""
-    if setting == "auto":
-        return backend.preferred_slices_for(backend.world.size, rows, plan)
-    return setting
+    by measurement, per world size, rows and plan), in ``world_size`` ranks (default: an
+    instance's own world; a backend class, as the tools plan cases with, needs it)."""
+    if setting != "auto":
+        return setting
+    size = backend.world.size if world_size is None else world_size
+    return backend.preferred_slices_for(size, rows, plan)
 
 
 def auto_slices_text(backend_cls: Any, world_size: int, min_rows: int, plan: str,
