@@ -180,11 +180,12 @@ def test_fast_launch_keys_apart_everything_triton_specializes_on():
 
 
 def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
-    """CopyTransport.call_stream's GPU branch with stand-in streams (no GPU here): for a
-    caller on the default stream (handle 0) the steps go to the own stream, which first
-    waits for the caller, is current meanwhile, and the caller waits for it after, also
-    when the call raises. Another handle is used as it is."""
-    from radiance_ar.transport import copy_transport
+    """CopyTransport.call_stream's GPU branch (call_streams.OwnStream) with stand-in
+    streams (no GPU here): for a caller on the default stream (handle 0) the steps go to
+    the own stream, made at the first such call, which first waits for the caller, is
+    current meanwhile, and the caller waits for it after, also when the call raises.
+    Another handle is used as it is."""
+    from radiance_ar.transport import call_streams, copy_transport
 
     log = []
 
@@ -210,13 +211,11 @@ def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: default)
     monkeypatch.setattr(torch.cuda, "stream", FakeContext)
     handle = [0]
-    monkeypatch.setattr(copy_transport, "current_stream_handle", lambda device: handle[0])
-
-    class FakeWorld:
-        device = torch.device("cuda", 0)
+    monkeypatch.setattr(call_streams, "current_stream_handle", lambda device: handle[0])
+    monkeypatch.setattr(call_streams, "dedicated_stream", lambda device: own)
 
     class FakeTransport:
-        world, _own_stream = FakeWorld(), own
+        own_stream = call_streams.OwnStream(torch.device("cuda", 0))
         call_stream = copy_transport.CopyTransport.call_stream
 
     tr = FakeTransport()

@@ -31,7 +31,9 @@ Rules, each for a reason:
 With ``count`` 1 (``RADIANCE_AR_SDMA_CALL_STREAMS=1``) every call runs on the caller's
 stream: one chain, no cross-stream events. Streams are dedicated (never torch's pool: see
 :func:`radiance_ar.transport.copy_engine.dedicated_stream`), made when the transport first grows its
-buffers, before any call can park a stream.
+buffers, before any call can park a stream. A caller on the default stream has its calls
+run on a stream of their own (:class:`OwnStream`), which the bindings' stream operations
+order correctly.
 """
 
 from __future__ import annotations
@@ -183,3 +185,37 @@ class CallStreams:
                 for i in sorted(self._unjoined):
                     caller.wait_event(self._end[i])
                 self._unjoined.clear()
+
+
+class OwnStream:
+    """Where a call from the default stream runs: a dedicated stream of the transport's,
+    made at the first such call (``stream``: None until then).
+
+    A stream operation of the CUDA Python bindings given handle 0 does NOT wait for work
+    on torch's default stream (H200: a flag write behind a 10 ms sleep lands within 2 ms;
+    tools/results/2026-12-03-h200-pm-final/stream_check.log), so such a call's steps go
+    here, ordered after the caller's work so far and the caller's later work after them."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream: torch.cuda.Stream | None = None
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[int]:
+        """The raw handle a call's steps are enqueued on: the caller's current stream,
+        except the default stream (handle 0), for which this stream is current inside
+        (for the kernels launched there) and waited for by the caller at the end, also
+        when the block raises."""
+        handle = current_stream_handle(self.device)
+        if handle != 0 or self.device.type != "cuda":
+            yield handle
+            return
+        if self.stream is None:
+            self.stream = dedicated_stream(self.device)
+        caller, own = torch.cuda.default_stream(self.device), self.stream
+        own.wait_stream(caller)
+        try:
+            with torch.cuda.stream(own):
+                yield own.cuda_stream
+        finally:
+            caller.wait_stream(own)

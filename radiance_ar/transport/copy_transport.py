@@ -53,8 +53,8 @@ from typing import Callable, Iterator
 import torch
 
 from radiance_ar.call_contract import CallSignature
-from radiance_ar.transport.call_streams import CallStreams, Footprint
-from radiance_ar.transport.copy_engine import CopyEngine, copy_bytes, dedicated_stream, platform
+from radiance_ar.transport.call_streams import CallStreams, Footprint, OwnStream
+from radiance_ar.transport.copy_engine import CopyEngine, copy_bytes, platform
 from radiance_ar.transport.gpu_signals import GpuSignals
 from radiance_ar.streams import current_stream_handle
 from radiance_ar.buffers import grown_size, refuse_growth_in_capture
@@ -123,8 +123,8 @@ class CopyTransport:
         self.held = False
         #: events around each step of a call (GPU; :meth:`start_trace`)
         self.trace: StepTrace | None = None
-        #: where a default-stream caller's calls run (:meth:`call_stream`), made at the first
-        self._own_stream: torch.cuda.Stream | None = None
+        #: where a default-stream caller's calls run (:meth:`call_stream`)
+        self.own_stream = OwnStream(world.device)
         #: the streams calls alternate on (:meth:`on_call_stream`); one (the caller's)
         #: off the GPU or without peers
         gpu = size > 1 and world.device.type == "cuda"
@@ -156,30 +156,11 @@ class CopyTransport:
                              f"capacity of {self.capacity} B: call ensure_capacity first")
         return nbytes
 
-    @contextlib.contextmanager
-    def call_stream(self) -> Iterator[int]:
-        """The raw handle a call's steps are enqueued on: the caller's current stream,
-        except the default stream (handle 0). A stream operation of the CUDA Python
-        bindings given handle 0 does NOT wait for work on torch's default stream
-        (H200: a flag write behind a 10 ms sleep lands within 2 ms;
-        tools/results/2026-12-03-h200-pm-final/stream_check.log), so a call from the default
-        stream runs on this rank's own stream instead, made current for the kernels launched
-        inside, ordered after the caller's work so far and the caller's later work after it
-        (torch stream waits)."""
-        device = self.world.device
-        handle = current_stream_handle(device)
-        if handle != 0 or device.type != "cuda":
-            yield handle
-            return
-        if self._own_stream is None:
-            self._own_stream = dedicated_stream(device)
-        caller, own = torch.cuda.default_stream(device), self._own_stream
-        own.wait_stream(caller)
-        try:
-            with torch.cuda.stream(own):
-                yield own.cuda_stream
-        finally:
-            caller.wait_stream(own)
+    def call_stream(self) -> contextlib.AbstractContextManager[int]:
+        """The raw handle a call's steps are enqueued on: the caller's current stream, or
+        for a caller on the default stream this rank's own (:class:`OwnStream
+        <radiance_ar.transport.call_streams.OwnStream>`)."""
+        return self.own_stream.entered()
 
     def on_call_stream(self, caller: int,
                        footprint: Footprint) -> contextlib.AbstractContextManager[int]:
@@ -392,8 +373,8 @@ class CopyTransport:
         if self.world.device.type != "cuda" or self.world.size == 1:
             return None
         lanes = {current_stream_handle(self.world.device): "AR steps (caller stream)"}
-        if self._own_stream is not None:
-            lanes[self._own_stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
+        if self.own_stream.stream is not None:
+            lanes[self.own_stream.stream.cuda_stream] = "AR steps (own stream: a default-stream caller)"
         lanes.update({h: f"AR steps (call stream {k})" for k, h in enumerate(self.call_streams.handles())})
         for lane, name in ((self.lane, "publish lane"), (self.decode_lane, "decode lane")):
             if lane is not None:
