@@ -212,3 +212,60 @@ def test_a_capture_is_ended_exactly_once_on_every_path(monkeypatch, fails):
             cache.capture_cuda_graph(RoundBackend(), run)
     assert state == {"capturing": False, "ends": 1}
 
+
+
+def test_a_capture_after_a_new_generation_finds_its_pool_held(monkeypatch):
+    """GraphCache.capture_cuda_graph with torch's graph classes replaced by a model of
+    its private pools (CUDACachingAllocator: a capture into a pool that exists but no
+    live graph holds fails an internal assert; a graph's end releases its hold). Growth
+    or a resync drops every graph; the next capture must still find the pool held, and
+    once it does, the dropped graphs go."""
+    from radiance_ar.overlap import graphs
+
+    held: dict = {}  # pool -> live graphs holding it (an entry stays at 0, as torch's does)
+
+    class PoolGraph:
+        def capture_begin(self, pool, capture_error_mode):
+            assert capture_error_mode == "thread_local"
+            if held.get(pool, 1) <= 0:
+                raise RuntimeError("INTERNAL ASSERT FAILED: it->second->use_count > 0")
+            held[pool] = held.get(pool, 0) + 1
+            self.pool = pool
+
+        def capture_end(self):
+            pass
+
+        def __del__(self):
+            held[self.pool] -= 1
+
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", PoolGraph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (1, next(handles)))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(graphs, "dedicated_stream", lambda device: None)
+
+    class RoundBackend(Backend):
+        @contextlib.contextmanager
+        def capture_round(self, end):
+            try:
+                yield "round"
+            finally:
+                end()
+
+    backend, cache = RoundBackend(), GraphCache(torch.device("cpu"), 4)
+    captured = cache.capture_cuda_graph
+
+    def capture(be, run):  # the real capture; the model's graph then replays the body
+        graph, rnd = captured(be, run)
+        graph.replay = run
+        return graph, rnd
+
+    cache._capture_graph = capture
+    body, x = body_for([], 2.0), torch.randn(6, 3)
+    for generation in (0, 0, 0, 1, 1, 1):  # eager, captured, replayed; growth; again
+        assert torch.equal(call(cache, backend, "a", x, body, generation), x * 2.0)
+    assert (cache.captures, cache.replays) == (2, 4)  # a capturing call replays too
+    assert held == {(1, 0): 1}  # one pool, held by the live graph alone
+    cache.clear()
+    assert held == {(1, 0): 0}

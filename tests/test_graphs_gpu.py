@@ -1,9 +1,10 @@
 """The op's sliced path captured once per shape and replayed (radiance_ar.overlap.graphs),
 on emulated ranks of one GPU: results against float64 with new inputs at every call, the
 same bits on every rank, one capture per shape, memory flat, and the call contract: a
-rank in another layer (a skipped call) raises on every rank, which resync recovers. Every
-rank captures before any rank replays (EmulatedRanks.capture_ahead: one host thread drives
-every rank, and a capture made while a peer's replay waits on this rank can block)."""
+rank in another layer (a skipped call) raises on every rank, which resync recovers (its
+shapes captured again, into the pool the dropped graphs held). Every rank captures before
+any rank replays (EmulatedRanks.capture_ahead: one host thread drives every rank, and a
+capture made while a peer's replay waits on this rank can block)."""
 
 import pytest
 import torch
@@ -129,11 +130,20 @@ def test_a_rank_in_another_layer_raises_on_every_rank_and_resync_recovers(releas
     for rt, r in zip(rts, range(size)):
         for shards in layers:
             rt.register_layer(shards[r][1])
-    for i in range(3):  # eager, captured (ahead) and replayed, replayed: both layers in step
-        for shards in layers:
-            if i == 1:
-                capture_ahead(ranks, rts, shards)
-            world_jobs.emulated_forward(ranks, rts, shards, 5000)
+    def in_step():
+        """Three calls of both layers on every rank: eager, captured (ahead) and replayed,
+        replayed; every result against float64."""
+        for i in range(3):
+            for seed, shards in enumerate(layers, start=1):
+                if i == 1:
+                    capture_ahead(ranks, rts, shards)
+                outs = world_jobs.emulated_forward(ranks, rts, shards, 5000)
+                ref = world_jobs.reference(seed, size, rows, cols, k)
+                for out in outs:
+                    assert float((out.double().cpu() - ref).norm() / ref.norm()) < 2 ** -7
+
+    in_step()
+    assert [rt.graphs().captures for rt in rts] == [2, 2]
     # rank 1 skips layer 1's call: it runs layer 2 while rank 0 runs layer 1
     ranks.each(lambda r: overlap.forward(rts[r], *layers[r][r], None, "bf16"))
     raised = []
@@ -145,10 +155,9 @@ def test_a_rank_in_another_layer_raises_on_every_rank_and_resync_recovers(releas
     torch.cuda.synchronize()
     for rt in rts:
         rt.backend.resync()
-    for seed, shards in enumerate(layers, start=1):
-        outs = world_jobs.emulated_forward(ranks, rts, shards, 5000)
-        ref = world_jobs.reference(seed, size, rows, cols, k)
-        for out in outs:
-            assert float((out.double().cpu() - ref).norm() / ref.norm()) < 2 ** -7
+    # a resync is a new generation: every graph dropped, each shape run eagerly and
+    # captured again, into the private pool its retired graphs still held
+    in_step()
+    assert [rt.graphs().captures for rt in rts] == [4, 4]
     for rt in rts:
         rt.close()

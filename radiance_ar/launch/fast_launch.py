@@ -13,7 +13,9 @@ passed as an int.
 The key is at least as fine as Triton's: per positional argument, for a constexpr
 parameter its value; for a pointer (anything with ``data_ptr()`` and ``dtype``:
 tensors, :class:`radiance_ar.launch.pointers.Address`) its dtype and whether it is
-16-byte aligned; for an int whether it is 1, whether 16 divides it and its type (i32,
+16-byte aligned, and on ROCm for a tensor also whether its storage spans at most 2 GiB
+(Triton's AMD backend then compiles 32-bit buffer offsets: its ``"S"`` specialization,
+on by default through ``AMDGCN_USE_BUFFER_OPS``); for an int whether it is 1, whether 16 divides it and its type (i32,
 i64 or u64, by range); anything else by type and value; the keywords (constexprs and
 launch options) by name, type and value; plus the device. Not the grid: the launch
 passes it, so a kernel whose grid follows the row count keeps one entry per variant,
@@ -46,6 +48,10 @@ _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 #: (kernel, argument classes, keywords, device) -> (the compiled kernel, the values of the
 #: parameters after the positional arguments)
 _compiled: dict[tuple, Any] = {}
+#: ROCm's Triton specializes a tensor on whether its storage spans at most 2 GiB - 1 bytes
+#: (HIPBackend.is_within_2gb); CUDA's does not, and the key skips the query there (host time)
+_KEY_STORAGE_SPAN = torch.version.hip is not None
+_MAX_INT32 = 2 ** 31 - 1
 
 
 @functools.cache
@@ -60,6 +66,8 @@ def _arg_class(a: Any, constexpr: bool = False) -> Any:
         return (a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a >= 2 ** 63)
     ptr = getattr(a, "data_ptr", None)
     if ptr is not None:
+        if _KEY_STORAGE_SPAN and isinstance(a, torch.Tensor):
+            return (a.dtype, ptr() % 16 == 0, a.untyped_storage().size() <= _MAX_INT32)
         return (a.dtype, ptr() % 16 == 0)
     return (type(a), a)
 

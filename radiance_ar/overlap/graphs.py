@@ -30,10 +30,13 @@ What a replay must keep, and how:
   too). The weight is the caller's tensor, which the key holds by address (a layer's
   weight does not move). A buffer that grows (the backend's, the scratch pool's) moves:
   every graph is then dropped (a new generation) and captured again.
-- Memory: graphs share one private pool. Which graphs are kept, and when a capture may
-  drop one (the quota per layer, the admission by recent calls, the warnings when more
-  shapes recur than fit): :mod:`radiance_ar.overlap.graph_room`. :meth:`GraphCache.memory`
-  reports what the cache holds. A call whose capture the room refuses runs step by step.
+- Memory: graphs share one private pool; graphs dropped with their generation are held
+  until the next capture holds the pool too (torch refuses a capture into a pool no live
+  graph holds, and frees such a pool's memory only at an ``empty_cache``). Which graphs
+  are kept, and when a capture may drop one (the quota per layer, the admission by recent
+  calls, the warnings when more shapes recur than fit): :mod:`radiance_ar.overlap.graph_room`.
+  :meth:`GraphCache.memory` reports what the cache holds. A call whose capture the room
+  refuses runs step by step.
 
 What a replay costs the host (H200 host, CUDA 13.0, graphs of 8 and 128 nodes of one
 kind; tools/results/2026-12-04-h200-replay-node-costs/): ``graph.replay()`` takes about
@@ -107,6 +110,11 @@ class GraphCache:
         #: persistent x / out by (role, columns, dtype, rows rounded up to a power of two)
         self._static: dict[tuple, torch.Tensor] = {}
         self._pool: Any = None
+        #: the graphs of a past generation, held until a capture holds the private pool:
+        #: torch refuses (an internal assert) a capture into a pool that no live graph
+        #: holds any more (CUDACachingAllocator's create_or_incref_pool), and freeing them
+        #: first would leave their pool's memory to be freed only by an empty_cache
+        self._retired: list[Any] = []
         #: captures run here, never on the caller's stream, which may be the default one
         #: (CUDA captures no legacy default stream); replays go on the caller's
         self._capture_stream: torch.cuda.Stream | None = None
@@ -191,18 +199,23 @@ class GraphCache:
         return entry.out.clone()
 
     def clear(self) -> None:
-        """Drop every graph and forget every key (their buffers moved, or the runtime
-        closes)."""
+        """Drop every graph and forget every key (the runtime closes)."""
+        self._forget_all()
+        self._retired.clear()
+
+    def _forget_all(self) -> None:
         self.room.clear()
         self._seen.clear()
         self._static.clear()
 
     def _renew(self, now: Hashable) -> bool:
-        """Where the buffers' generation is not ``now`` any more: :meth:`clear`, on every
-        rank alike (growth and resync are collective); whether it did."""
+        """Where the buffers' generation is not ``now`` any more: every graph dropped
+        (retired until the next capture) and every key forgotten, on every rank alike
+        (growth and resync are collective); whether it did."""
         if now == self._generation:
             return False
-        self.clear()
+        self._retired.extend(e.graph for e in self.room.values())
+        self._forget_all()
         self._generation = now
         return True
 
@@ -282,6 +295,7 @@ class GraphCache:
             finally:
                 if torch.cuda.is_current_stream_capturing():  # the round never began
                     graph.capture_end()
+        self._retired.clear()  # the new graph holds the pool now
         return graph, rnd
 
 
