@@ -179,6 +179,30 @@ def test_fast_launch_keys_apart_everything_triton_specializes_on():
     assert _arg_class(0.5) != _arg_class(1.5)
 
 
+def test_fast_launch_keys_rocm_tensors_apart_by_storage_span_as_triton_does(monkeypatch):
+    """Triton's AMD backend compiles 32-bit buffer offsets for a tensor whose storage spans
+    at most 2 GiB - 1 bytes (HIPBackend.get_tensor_specialization's "S"): a variant of a
+    small tensor must never serve a larger one. Triton's own specializer is the reference
+    (meta tensors: no memory)."""
+    from triton.backends.amd.compiler import HIPBackend
+
+    from radiance_ar.launch import fast_launch
+    from radiance_ar.launch.pointers import Address
+
+    small = torch.empty(1024, dtype=torch.uint8, device="meta")
+    large = torch.empty(2 ** 31 + 1024, dtype=torch.uint8, device="meta")
+    view = large[:1024]  # a small view of a large storage is keyed by its storage
+    spec = [HIPBackend.get_tensor_specialization(t, align=True) for t in (small, large, view)]
+    assert spec[0] != spec[1] == spec[2]
+    monkeypatch.setattr(fast_launch, "_KEY_STORAGE_SPAN", True)  # as on ROCm
+    keys = [fast_launch._arg_class(t) for t in (small, large, view)]
+    assert keys[0] != keys[1] == keys[2]
+    # an address has no storage: Triton never gives it "S", nor may the key share the
+    # small tensor's variant with it
+    assert HIPBackend.get_tensor_specialization(Address(0, torch.uint8), align=True) == spec[1]
+    assert fast_launch._arg_class(Address(0, torch.uint8)) != keys[0]
+
+
 def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
     """CopyTransport.call_stream's GPU branch (call_streams.OwnStream) with stand-in
     streams (no GPU here): for a caller on the default stream (handle 0) the steps go to
