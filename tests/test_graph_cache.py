@@ -23,7 +23,7 @@ class Backend:
         self.replayed = []
 
     @contextlib.contextmanager
-    def replay_call(self, sig, rnd, stream):
+    def replay_call(self, sig, rnd):
         yield
         self.replayed.append((sig, rnd))
 

@@ -22,7 +22,7 @@ class Replayable:
 
 class Backend:
     @contextlib.contextmanager
-    def replay_call(self, sig, rnd, stream):
+    def replay_call(self, sig, rnd):
         yield
 
 

@@ -1,6 +1,7 @@
 """Parts of the sdma backend without a world: the reduce kernel (Triton interpreter),
 missing bindings, flags and gates (the bindings' calls: test_copy_bindings.py)."""
 
+import contextlib
 import importlib.util
 import sys
 
@@ -257,4 +258,37 @@ def test_a_default_stream_call_runs_on_the_transports_own_stream(monkeypatch):
     with tr.call_stream() as stream:
         assert stream == 0x55
     assert log == []
+
+
+def test_a_replay_runs_where_the_transports_calls_run():
+    """TransportBackend.replay_call enters CopyTransport.call_stream (a default-stream
+    caller's own stream) and gives that stream, never handle 0, to the reuse fence before
+    the replay and to the bookkeeping after it; the call's number is taken inside."""
+    import types
+
+    from radiance_ar.backends.transport_backend import TransportBackend
+
+    log = []
+
+    @contextlib.contextmanager
+    def call_stream():
+        log.append("own stream entered")
+        yield 0x77
+        log.append("caller waits for own stream")
+
+    @contextlib.contextmanager
+    def call(sig):
+        log.append(f"call {sig}")
+        yield
+
+    backend = types.SimpleNamespace(
+        transport=types.SimpleNamespace(
+            call_stream=call_stream,
+            before_replay=lambda stream: log.append(f"fence on {stream:#x}"),
+            after_replay=lambda rnd, stream: log.append(f"{rnd} ends on {stream:#x}")),
+        signals=types.SimpleNamespace(call=call))
+    with TransportBackend.replay_call(backend, "sig", "round"):
+        log.append("replay")
+    assert log == ["own stream entered", "call sig", "fence on 0x77", "replay",
+                   "round ends on 0x77", "caller waits for own stream"]
 

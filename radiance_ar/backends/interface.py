@@ -259,10 +259,12 @@ class Backend(abc.ABC):
         yield
         self.held = True
 
-    def replay_call(self, sig: CallSignature, captured: object,
-                    stream: int) -> contextlib.AbstractContextManager:
-        """Collective: around one replay, on ``stream``, of a graph captured in
-        :meth:`capture_round` (which returned ``captured``) for an op call of ``sig``."""
+    def replay_call(self, sig: CallSignature,
+                    captured: object) -> contextlib.AbstractContextManager:
+        """Collective: around one replay of a graph captured in :meth:`capture_round`
+        (which returned ``captured``) for an op call of ``sig``, launched inside on the
+        current stream, which this may change (the caller's stream is ordered after the
+        replay when the block ends)."""
         raise TypeError(self.replay_reason())
 
     def overlapped_calls(self) -> contextlib.AbstractContextManager:

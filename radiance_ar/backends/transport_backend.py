@@ -211,8 +211,11 @@ class TransportBackend(Backend):
         self.caller_rounds.append(rnd)
 
     @contextlib.contextmanager
-    def replay_call(self, sig: CallSignature, captured: TokenRound, stream: int):
-        with self.signals.call(sig):  # the call's number and header; a failure faults
+    def replay_call(self, sig: CallSignature, captured: TokenRound):
+        # a caller on the default stream replays on the transport's own stream, like its
+        # eager calls: a stream operation given handle 0 (the reuse fence of before_replay)
+        # would not wait for torch's default stream (CopyTransport.call_stream)
+        with self.transport.call_stream() as stream, self.signals.call(sig):
             self.transport.before_replay(stream)
             yield
             self.transport.after_replay(captured, stream)

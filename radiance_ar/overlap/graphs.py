@@ -69,7 +69,6 @@ import torch
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.envs import MAX_OP_GRAPHS
 from radiance_ar.overlap.graph_room import GraphRoom
-from radiance_ar.streams import current_stream_handle
 from radiance_ar.transport.copy_engine import dedicated_stream
 from radiance_ar.transport.tokens import TokenRound
 
@@ -190,8 +189,7 @@ class GraphCache:
         if entry is None:
             entry = self._capture(key, layer, x, out_shape, sig, backend, body)
         entry.x.copy_(x)
-        stream = current_stream_handle(self.device)
-        with backend.replay_call(sig, entry.round, stream):
+        with backend.replay_call(sig, entry.round):  # on the stream it makes current
             entry.graph.replay()
         self.replays += 1
         # one call: torch.empty and copy_ took the host 6.6 + 10.1 us, clone 8 (H200 host,
