@@ -127,23 +127,18 @@ def skipped_call_job(world: World, backend: str, timeout_ms: float, same_shape: 
 
 
 def two_threads_job(world: World, backend: str, timeout_ms: float) -> dict:
-    """On rank 0 a second thread enters the op while the first one's call waits for
-    rank 1 (which comes late, within the bound)."""
+    """On rank 0 a second thread calls the op (the first call's thread, the main one, owns
+    the runtime), then the main thread makes the call rank 1 makes; resync after."""
     rt = _runtime(world, backend, timeout_ms)
     res: dict = {"calls": []}
     if world.rank == 0:
-        first: dict = {}
-        t = threading.Thread(target=lambda: first.update(_call(rt, world, 64, 32, seed=7)))
+        second: dict = {}
+        t = threading.Thread(target=lambda: second.update(_call(rt, world, 64, 32, seed=8)))
         t.start()
-        time.sleep(0.2 * timeout_ms / 1000.0)
-        res["second_thread"] = _call(rt, world, 64, 32, seed=8)
         t.join()
-        res["calls"].append(first)
-    else:
-        time.sleep(0.5 * timeout_ms / 1000.0)
-        res["calls"].append(_call(rt, world, 64, 32, seed=7))
-    rt.close()
-    return res
+        res["second_thread"] = second
+    res["calls"].append(_call(rt, world, 64, 32, seed=7))
+    return _resync_and_good_call(rt, world, res)
 
 
 def failed_growth_job(world: World, backend: str) -> dict:

@@ -349,3 +349,42 @@ def test_layer_numbers_past_what_a_signature_carries_are_refused():
         rt.register_layer(first)
     assert rt.layer_number(first) == 0  # not registered
     rt.close()
+
+
+def test_a_call_from_another_stream_first_waits_for_the_last_calls_stream(monkeypatch):
+    """OverlapRuntime._after_last_stream with stand-in streams (no GPU here): the first
+    call and calls on the same stream wait for nothing; a call on another stream makes it
+    wait for the last call's; a call inside a caller's capture neither waits nor moves the
+    last stream."""
+    import types
+
+    from radiance_ar.overlap import runtime
+
+    log, current, capturing = [], [0x10], [False]
+
+    class Stream:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def wait_stream(self, other):
+            log.append((self.handle, other.handle))
+
+    monkeypatch.setattr(runtime, "current_stream_handle", lambda device: current[0])
+    monkeypatch.setattr(runtime, "stream_object", lambda handle, device: Stream(handle))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    rt = types.SimpleNamespace(world=types.SimpleNamespace(device=torch.device("cuda", 0)),
+                               _last_stream=None)
+
+    def call(handle, in_capture=False):
+        current[0], capturing[0] = handle, in_capture
+        runtime.OverlapRuntime._after_last_stream(rt)
+
+    call(0x10)
+    call(0x10)
+    assert log == []
+    call(0x20)
+    assert log == [(0x20, 0x10)]
+    call(0x30, in_capture=True)
+    assert log == [(0x20, 0x10)] and rt._last_stream == 0x20
+    call(0x10)
+    assert log == [(0x20, 0x10), (0x10, 0x20)]

@@ -26,6 +26,7 @@ from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
 from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.overlap.lanes import Lanes
 from radiance_ar.overlap.scratch import ScratchPool
+from radiance_ar.streams import current_stream_handle, stream_object
 
 #: the largest layer number a call signature carries (16 bits: CallSignature.words)
 MAX_LAYER = (1 << 16) - 1
@@ -41,6 +42,10 @@ class OverlapRuntime:
     _stock: Backend | None = None
     _call_lock: threading.Lock = field(default_factory=threading.Lock)
     _call_thread: str | None = None
+    #: the thread of the first call: the only one whose calls are taken
+    _owner: threading.Thread | None = None
+    #: the raw handle of the stream the last call was enqueued on (GPU)
+    _last_stream: int | None = None
     _graphs: GraphCache | None = None
     #: weight address -> the layer's number (:meth:`register_layer`)
     _layers: dict[int, int] = field(default_factory=dict)
@@ -131,21 +136,56 @@ class OverlapRuntime:
 
     @contextlib.contextmanager
     def one_call_at_a_time(self) -> Iterator[None]:
-        """The op's calls are collective and ordered; two threads interleaving calls on
-        one runtime would pair the wrong calls across ranks. A second thread entering
-        while a call is in flight raises (it does not wait: its call would be ordered
-        by chance, not by program order, across ranks)."""
+        """The op's calls are collective and ordered: they come from one thread, the first
+        call's (two threads, even taking turns, could order their calls differently on
+        each rank, and equal signatures would pair the wrong calls), and on GPU each call
+        is ordered after the last one's work (:meth:`_after_last_stream`). Another thread
+        is refused at once (it does not wait), and the refusal faults the backend as a
+        failed call does: a peer that made the call this rank refused raises too (the
+        abort word, else its bound), and every call is refused until resync."""
+        me = threading.current_thread()
         if not self._call_lock.acquire(blocking=False):
-            raise RuntimeError(
-                f"radiance::linear_ar: thread {threading.current_thread().name!r} entered the "
-                f"op while thread {self._call_thread!r} has a call in flight on this runtime; "
-                "calls are collective and must come from one thread per rank, in one order")
-        self._call_thread = threading.current_thread().name
+            self._refuse(f"thread {me.name!r} entered the op while thread "
+                         f"{self._call_thread!r} has a call in flight on this runtime")
         try:
+            if self._owner is None:
+                self._owner = me
+            elif self._owner is not me:
+                self._refuse(f"thread {me.name!r} called the op, whose calls on this runtime "
+                             f"come from thread {self._owner.name!r}")
+            self._call_thread = me.name
+            self._after_last_stream()
             yield
         finally:
             self._call_thread = None
             self._call_lock.release()
+
+    def _refuse(self, what: str) -> None:
+        error = RuntimeError(
+            f"radiance::linear_ar: {what}; calls are collective and must come from one thread "
+            "per rank, in one order (to call from another thread, build the runtime again on "
+            "every rank); this rank's calls are refused until resync")
+        if self.backend.signals is not None:
+            self.backend.signals.fail(error)
+        raise error
+
+    def _after_last_stream(self) -> None:
+        """A call from another stream than the last call's: that stream first waits for
+        the last one's work. Every call shares the scratch pool, the backend's buffers and
+        the graphs' persistent inputs and outputs, used without record_stream, so their
+        uses must stay in one order on the device. Not inside a caller's capture (a captured
+        stream may wait for no work outside it; the graph's order is the caller's)."""
+        device = self.world.device
+        if device.type != "cuda":
+            return
+        stream = current_stream_handle(device)
+        if stream == self._last_stream:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return
+        if self._last_stream is not None:
+            stream_object(stream, device).wait_stream(stream_object(self._last_stream, device))
+        self._last_stream = stream
 
     def lanes(self) -> Lanes:
         # Created on the first sliced call only: the decode path never touches streams.
