@@ -23,6 +23,7 @@ import torch
 
 from radiance_ar.transport.copy_engine import CopyEngine, dedicated_stream, platform
 from radiance_ar.transport.hip_capture import hip_capture_reason
+from radiance_ar.transport.hip_ops import hip_runtime_version
 
 pytestmark = pytest.mark.gpu
 BOUND_S = 5.0
@@ -42,7 +43,7 @@ def wait_for(ready, deadline_s=BOUND_S):
 def test_a_captured_wait_stops_each_replay_until_its_token_and_consumes_it():
     dev = torch.device("cuda", torch.cuda.current_device())
     if platform(dev) == "hip":
-        reason = hip_capture_reason(torch.version.hip, forced=True, host_buffers=False)
+        reason = hip_capture_reason(hip_runtime_version(), forced=True, host_buffers=False)
         if reason is not None:
             pytest.skip(reason)
     # A poisoned, B no token. NVIDIA writes and compares the low 32 bits: the high ones stay 0

@@ -14,17 +14,34 @@ from radiance_ar.transport.runtime_errors import CopyEngineError
 
 
 @pytest.mark.parametrize("version, forced, host_buffers, says", [
-    ("6.3.42131", True, False, "no hipGraphAddBatchMemOpNode before ROCm 6.4"),
+    ("6.3.42131", True, False, "HIP 6.3: no hipGraphAddBatchMemOpNode before HIP 6.4"),
     ("6.4.43482-0f2d60242", False, False, "have not run on an AMD GPU yet; "
                                           "RADIANCE_AR_OP_GRAPHS=on turns them on"),
     ("7.1.25424", True, True, "blit kernels on compute units"),
     ("7.1.25424", True, False, None),
-    ("10.0.0", True, False, None),
+    ("7.15", True, False, None),  # ROCm 10's HIP (hip-python's rocm/version.py)
     (None, True, False, "runtime version None not understood"),
     ("rocm-dev", True, False, "'rocm-dev' not understood")])
 def test_the_gate_names_the_runtime_and_needs_to_be_asked(version, forced, host_buffers, says):
     reason = hip_capture.hip_capture_reason(version, forced, host_buffers)
     assert reason is None if says is None else says in reason
+
+
+def test_the_runtime_version_is_the_loaded_runtimes_decoded(monkeypatch):
+    """hip_ops.hip_runtime_version decodes hipRuntimeGetVersion (major * 10_000_000 +
+    minor * 100_000 + patch) through the real binding, and where no HIP runtime loads (this
+    machine) says so as a CopyEngineError, which the backend's gate turns into a reason."""
+    hip = pytest.importorskip("hip").hip
+    from radiance_ar.transport import hip_ops
+
+    hip_ops.hip_runtime_version.cache_clear()
+    with pytest.raises(CopyEngineError, match="hipRuntimeGetVersion: the HIP runtime could not"):
+        hip_ops.hip_runtime_version()
+    hip_ops.hip_runtime_version.cache_clear()
+    monkeypatch.setattr(hip, "hipRuntimeGetVersion",
+                        lambda: (hip.hipError_t.hipSuccess, 71_526_333))  # HIP 7.15.26333
+    assert hip_ops.hip_runtime_version() == "7.15"
+    hip_ops.hip_runtime_version.cache_clear()
 
 
 def test_the_parameters_are_laid_out_as_hip_runtime_api_h_has_them():

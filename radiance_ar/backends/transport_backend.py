@@ -19,6 +19,8 @@ import torch
 from radiance_ar.transport.caller_graphs import CallerProgress, caller_capture_reason
 from radiance_ar.transport.copy_engine import bindings_reason, platform
 from radiance_ar.transport.hip_capture import hip_capture_reason
+from radiance_ar.transport.hip_ops import hip_runtime_version
+from radiance_ar.transport.runtime_errors import CopyEngineError
 from radiance_ar.transport.copy_transport import CopyTransport
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend
@@ -176,7 +178,11 @@ class TransportBackend(Backend):
         if self.world.device.type != "cuda":
             return f"{self.world.device.type}: captured op calls need a GPU"
         if platform(self.world.device) == "hip":
-            reason = hip_capture_reason(torch.version.hip, forced, self.world.host_buffers)
+            try:
+                version = hip_runtime_version()
+            except CopyEngineError as e:
+                return f"the HIP runtime's version is unknown ({e}); captured op calls are off"
+            reason = hip_capture_reason(version, forced, self.world.host_buffers)
             if reason is not None:
                 return reason
         if self.transport.trace is not None:

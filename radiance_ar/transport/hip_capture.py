@@ -136,15 +136,17 @@ def _parse_version(hip_version: str | None) -> tuple[int, int] | None:
 
 def hip_capture_reason(hip_version: str | None, forced: bool, host_buffers: bool) -> str | None:
     """Pure gate: ``None`` where the op's sliced calls are captured into graphs on this
-    ROCm, else why not. ``forced`` (``RADIANCE_AR_OP_GRAPHS=on``) is needed: the path has
-    not run on an AMD GPU. ``host_buffers``: the world's peer buffers are host memory."""
+    HIP runtime (``hip_version``: :func:`radiance_ar.transport.hip_ops.hip_runtime_version`),
+    else why not. ``forced`` (``RADIANCE_AR_OP_GRAPHS=on``) is needed: the path has not run
+    on an AMD GPU. ``host_buffers``: the world's peer buffers are host memory."""
     version = _parse_version(hip_version)
     if version is None:
-        return f"ROCm: runtime version {hip_version!r} not understood; captured op calls are off"
-    have = f"ROCm {version[0]}.{version[1]}"
+        return (f"HIP runtime version {hip_version!r} not understood; captured op calls "
+                "are off")
+    have = f"HIP {version[0]}.{version[1]}"
     if version < HIP_BATCH_NODES:
         need = ".".join(map(str, HIP_BATCH_NODES))
-        return (f"{have}: no hipGraphAddBatchMemOpNode before ROCm {need}, and stream capture "
+        return (f"{have}: no hipGraphAddBatchMemOpNode before HIP {need} (ROCm {need}), and stream capture "
                 "does not record hipStreamWaitValue / hipStreamWriteValue; every step is "
                 "enqueued")
     if host_buffers:

@@ -16,6 +16,7 @@ holds one wave slot per wait, not the spin-wait AR's CTAs, and not none.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 from radiance_ar.transport.runtime_errors import MASK64, BindingsMissing, CopyEngineError
@@ -41,6 +42,16 @@ def _hip_ok(call: str, fn: Any, *args: Any) -> tuple:
         name = getattr(err, "name", str(err))
         raise CopyEngineError(f"{call} failed: {name} ({int(err)})")
     return result[1:] if isinstance(result, tuple) else ()
+
+
+@functools.cache
+def hip_runtime_version() -> str:
+    """The loaded HIP runtime's version as ``"major.minor"`` (``hipRuntimeGetVersion``:
+    major * 10_000_000 + minor * 100_000 + patch), what its graph features depend on;
+    ``torch.version.hip`` is what torch was built against, not what runs."""
+    hip = _hip()
+    (version,) = _hip_ok("hipRuntimeGetVersion", hip.hipRuntimeGetVersion)
+    return f"{version // 10_000_000}.{version // 100_000 % 100}"
 
 
 def hip_copy(dst_ptr: int, src_ptr: int, nbytes: int, stream: int, *, no_cu: bool) -> None:
