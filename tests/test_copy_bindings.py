@@ -82,11 +82,42 @@ def test_hip_calls_without_rocm_say_the_runtime_could_not_be_used():
     pytest.importorskip("hip")
     if importlib.util.find_spec("torch") and torch.version.hip:
         pytest.skip("a ROCm machine: its runtime loads")
-    # the real bindings, no runtime on this machine: they fail to load libamdhip64
-    with pytest.raises(CopyEngineError, match="HIP runtime could not be used.*libamdhip64"):
-        hip_ops.hip_write_value(0, 1, 1)
-    with pytest.raises(CopyEngineError, match="HIP runtime could not be used.*libamdhip64"):
-        hip_ops.hip_batch(0, [("write", 1, 1)])
+    # the real bindings, no runtime on this machine: they check each call's arguments
+    # (count and types: a TypeError here would be a call built wrong), then fail to load
+    # libamdhip64
+    hip_ops.hip_runtime_version.cache_clear()
+    calls = [lambda: hip_ops.hip_copy(1 << 20, 2 << 20, 64, 7, no_cu=True),
+             lambda: hip_ops.hip_copy(1 << 20, 2 << 20, 64, 0, no_cu=False),
+             lambda: hip_ops.hip_peer_copy(1 << 20, 1, 2 << 20, 0, 64, 7),
+             lambda: hip_ops.hip_write_value(7, 1 << 20, 3),
+             lambda: hip_ops.hip_wait_value(7, 1 << 20, 3, equal=True),
+             lambda: hip_ops.hip_wait_value(7, 1 << 20, 3, equal=False),
+             lambda: hip_ops.hip_batch(7, [("write", 1 << 20, 1), ("wait_geq", 2 << 20, 2),
+                                           ("wait_eq", 3 << 20, 3)]),
+             lambda: hip_ops.hip_host_register(1 << 20, 4096),
+             lambda: hip_ops.hip_host_unregister(1 << 20),
+             lambda: hip_ops.hip_device_pointer(1 << 20),
+             hip_ops.hip_runtime_version,
+             hip_ops.hip_relax_capture_mode]
+    for call in calls:
+        with pytest.raises(CopyEngineError, match="HIP runtime could not be used.*libamdhip64"):
+            call()
+    hip_ops.hip_runtime_version.cache_clear()
+
+
+def test_the_relaxed_capture_mode_is_set_in_the_one_hip_runtime_mapped():
+    """hip_relax_capture_mode calls the runtime through ctypes: the copy mapped in the
+    process (hip-python's and torch's), found in /proc/self/maps; none or two copies raise."""
+    line = "7f00-7f10 r-xp 00000000 08:01 42 {}"
+    one = "\n".join([line.format("/opt/rocm-6.4.1/lib/libamdhip64.so.6.4.60401"),
+                     line.format("/opt/rocm-6.4.1/lib/libamdhip64.so.6.4.60401"),
+                     line.format("/usr/lib/libc.so.6"), "7f20-7f30 rw-p 00000000 00:00 0"])
+    assert hip_ops.mapped_library("libamdhip64", one) == "/opt/rocm-6.4.1/lib/libamdhip64.so.6.4.60401"
+    two = one + "\n" + line.format("/home/u/rocm/lib/libamdhip64.so.7")
+    with pytest.raises(CopyEngineError, match="expected one copy of the HIP runtime.*found 2"):
+        hip_ops.mapped_library("libamdhip64", two)
+    with pytest.raises(CopyEngineError, match="found 0"):
+        hip_ops.mapped_library("libamdhip64", line.format("/usr/lib/libc.so.6"))
 
 
 class RecordingCuda:

@@ -6,6 +6,7 @@ recorded stream operations and events the test completes (tests/signal_fakes.py)
 import gc
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -163,6 +164,29 @@ def test_a_diagnosis_that_fails_still_stops_the_process():
     s.signals.stalled = broken
     assert not s.poll_at(0.0) and s.poll_at(6.0)
     assert "its diagnosis failed (KeyError: 'a header word')" in s.stops[0]
+
+
+def test_a_watchdog_whose_thread_cannot_set_up_its_gpu_raises_at_construction(monkeypatch):
+    """A thread that cannot make its GPU current or relax its capture mode (say the HIP
+    runtime's library will not load) would watch nothing while the gates trusted it: the
+    constructor raises, naming the cause and the knob, and leaves no thread behind."""
+    from radiance_ar.transport import watchdog
+    from radiance_ar.transport.runtime_errors import CopyEngineError
+
+    def fails(device):
+        raise CopyEngineError("hipThreadExchangeStreamCaptureMode: the HIP runtime could not "
+                              "be loaded")
+
+    monkeypatch.setattr(watchdog, "_enter_watch_thread", fails)
+    signals, _, _, _ = gpu_signals(2, 0)
+    before = set(watchdog._running)
+    threads = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match=r"could not set up this rank's GPU \(CopyEngineError: "
+                                           r"hipThreadExchange.*RADIANCE_AR_WATCHDOG_S=0"):
+        Watchdog(signals, 600.0)
+    assert set(watchdog._running) == before
+    time.sleep(0.1)  # the failed thread has returned once the constructor saw its failure
+    assert not [t for t in threading.enumerate() if t not in threads and t.is_alive()]
 
 
 def test_a_watchdog_dropped_without_close_ends_its_thread():

@@ -114,14 +114,33 @@ def hip_relax_capture_mode() -> None:
     hip-python binds ``hipThreadExchangeStreamCaptureMode`` with no argument (it only reads
     the thread's mode), so the runtime itself is called, through ctypes."""
     relaxed = ctypes.c_int(int(_hip().hipStreamCaptureMode.hipStreamCaptureModeRelaxed))
+    hip_runtime_version()  # hip-python has loaded its runtime: the one mapped now
+    with open("/proc/self/maps") as maps:
+        path = mapped_library("libamdhip64", maps.read())
     try:
-        runtime = ctypes.CDLL("libamdhip64.so")
+        runtime = ctypes.CDLL(path)
     except OSError as e:
         raise CopyEngineError(f"hipThreadExchangeStreamCaptureMode: the HIP runtime could not "
                               f"be loaded: {e}") from None
     err = runtime.hipThreadExchangeStreamCaptureMode(ctypes.byref(relaxed))
     if err != 0:
         raise CopyEngineError(f"hipThreadExchangeStreamCaptureMode failed: hipError_t {err}")
+
+
+def mapped_library(stem: str, maps: str) -> str:
+    """The path of the one library named ``stem*`` in ``maps`` (``/proc/self/maps``), else
+    ``CopyEngineError``: a call through another copy than the one hip-python and torch run
+    (another ROCm on the loader's path) would change nothing of theirs, and two copies
+    mapped give torch's stream handles to a runtime that does not know them."""
+    paths = set()
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].rsplit("/", 1)[-1].startswith(stem):
+            paths.add(fields[5].strip())
+    if len(paths) != 1:
+        raise CopyEngineError(f"{stem}: expected one copy of the HIP runtime in this process, "
+                              f"found {len(paths)}: {sorted(paths)}")
+    return paths.pop()
 
 
 def hip_host_register(host_ptr: int, nbytes: int) -> None:

@@ -133,6 +133,8 @@ class Watchdog:
     POLL_S = 0.1
     #: how long close() waits for the thread (it may sit in a CUDA call)
     JOIN_S = 1.0
+    #: how long the constructor waits for the thread's GPU set-up (a context on the device)
+    SETUP_S = 60.0
 
     def __init__(self, signals: Any, limit_s: float, device: torch.device | None = None,
                  stop: Callable[[str], None] = stop_process,
@@ -152,12 +154,24 @@ class Watchdog:
         #: the message it stopped with (None: it has not fired)
         self.fired: str | None = None
         self._closed = threading.Event()
+        entered, failure = threading.Event(), []
         # The thread holds the watchdog weakly: a backend dropped without close() ends it.
         self._thread = threading.Thread(target=_watch, name="radiance-ar watchdog", daemon=True,
-                                        args=(weakref.ref(self), self._closed, device))
+                                        args=(weakref.ref(self), self._closed, device, entered,
+                                              failure))
         if start:
             _running.add(self)
             self._thread.start()
+            # a thread that cannot set up its GPU would watch nothing, while the gates that
+            # trust it (caller_capture_reason) still let unbounded waits into a caller's graph
+            entered.wait(self.SETUP_S)
+            if failure or not entered.is_set():
+                self.close()
+                why = (f"{type(failure[0]).__name__}: {failure[0]}" if failure
+                       else f"no answer in {self.SETUP_S:.0f} s")
+                raise RuntimeError(f"radiance-ar watchdog: its thread could not set up this "
+                                   f"rank's GPU ({why}); RADIANCE_AR_WATCHDOG_S=0 turns the "
+                                   "watchdog off (and with it captures by a caller)")
 
     def poll(self) -> bool:
         """One look; True if the newest call, or an op call inside a caller's graph, had
@@ -224,10 +238,16 @@ class Watchdog:
             self._thread.join(self.JOIN_S)
 
 
-def _watch(ref: "weakref.ref[Watchdog]", closed: threading.Event,
-           device: torch.device | None) -> None:
+def _watch(ref: "weakref.ref[Watchdog]", closed: threading.Event, device: torch.device | None,
+           entered: threading.Event, failure: list) -> None:
     try:
         _enter_watch_thread(device)
+    except (RuntimeError, OSError) as e:  # the constructor raises it
+        failure.append(e)
+        return
+    finally:
+        entered.set()
+    try:
         while not closed.wait(Watchdog.POLL_S):
             dog = ref()
             if dog is None or dog.poll():
