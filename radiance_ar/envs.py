@@ -35,6 +35,9 @@ from radiance_ar.knob import Knob
 SPIN_TIMEOUT_MS_RANGE = (1.0, 600_000.0)
 #: RADIANCE_AR_WATCHDOG_S's sanity bound: a day; a stall past it is a hang by any measure
 WATCHDOG_S_MAX = 86_400.0
+#: its shortest limit: a stall shorter than that is a healthy wait (a first call's kernel
+#: compilation took 1.0-6.1 s on an H200 host), not a missing peer
+WATCHDOG_S_MIN = 10.0
 #: Upper bounds of the integer knobs, as sanity limits rather than tuned values: at 64
 #: slices a 2048-row prefill is already cut into 32-row slices, each still paying its own
 #: launches and flag waits; 1024 CTAs is several times the SM count of current GPUs (132
@@ -163,9 +166,9 @@ KNOBS: dict[str, Knob] = {
              "missing, `radiance_ar/transport/watchdog.py`): a missing peer ends the job "
              "instead of leaving GPUs waiting for good (inside vLLM nothing else bounds a "
              "wait); also an op call inside a caller's CUDA graph whose counts stop moving. "
-             "Where each rank is a process on a GPU (gpu-host, gpu-symm); `0` (off) or at "
-             "least 10; the default 600 is NCCL's limit",
-             lo=0.0, hi=WATCHDOG_S_MAX, field="watchdog_s"),
+             "Where each rank is a process on a GPU (gpu-host, gpu-symm); the default 600 "
+             "is NCCL's limit",
+             lo=WATCHDOG_S_MIN, hi=WATCHDOG_S_MAX, off=0.0, field="watchdog_s"),
     )
 }
 

@@ -29,6 +29,8 @@ class Knob:
     #: int and float: the accepted range (``hi`` None: no upper bound)
     lo: float | None = None
     hi: float | None = None
+    #: int and float: a value taken besides the range, meaning "off"
+    off: float | None = None
     #: str: the accepted words (none: any non-empty name, checked elsewhere); int: words
     #: taken besides the integers, each parsing to itself
     words: tuple[str, ...] = ()
@@ -49,7 +51,7 @@ class Knob:
     def expected(self) -> str:
         """What a value must be, in words (for error messages and the docs)."""
         if self.type is bool:
-            return "0 or 1"
+            return "1 or 0 (also true / false, True / False; empty: 0)"
         if self.type is str:
             if self.path:
                 return "a file path (empty: none)"
@@ -57,6 +59,8 @@ class Knob:
                 return f"one of {', '.join(self.words)}"
             return self.names or "a non-empty name"
         bounds = f">= {self.lo:g}" if self.hi is None else f"in [{self.lo:g}, {self.hi:g}]"
+        if self.off is not None:
+            bounds += f", or {self.off:g} (off)"
         if self.type is float:
             return f"a finite number {bounds}"
         return "".join(f"{w} or " for w in self.words) + f"an integer {bounds}"
@@ -72,6 +76,8 @@ class Knob:
         numbers = int if self.type is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, numbers):
             return False
+        if value == self.off:
+            return True
         return math.isfinite(value) and self.lo <= value and (self.hi is None
                                                              or value <= self.hi)
 
