@@ -9,8 +9,8 @@ capture would drop a graph, whether it may:
   where the layer has its quota, else the least called of all where the room is full.
 - Admission: the capture drops the victim only for a key called at least ``ADMIT_RATIO``
   times as often lately as the victim's; otherwise the call runs step by step. "Lately":
-  every key's count of calls halves every ``USES_WINDOW_PER_GRAPH`` calls per graph held
-  (TinyLFU's sample), so a shape that stops coming yields its room. A shape that comes
+  every key's count of calls halves every ``USES_WINDOW_PER_GRAPH`` calls per graph held,
+  or per graph of the layer quota where that is more (TinyLFU's sample), so a shape that stops coming yields its room. A shape that comes
   less often than about once a window is, to the room, a one-off.
 - Too small: a refused key that recurs (``RECURRING_CALLS`` calls lately, and as often as
   the victim) while the victim is in use too (called since the key's previous call) is

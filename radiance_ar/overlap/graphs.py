@@ -8,7 +8,8 @@ second is captured into a CUDA graph (where the room allows: :mod:`.graph_room`)
 later one replays it::
 
     host : copy x -> x_static | replay graph | copy out_static -> out      (3 launches)
-    graph: prepare | GEMM slices (side) | ARs of the slices (caller, call streams, lane)
+    graph: prepare | GEMM slices (side) | ARs of the slices (the capturing stream; the
+           decode lane unless peers are parked here)
            | the done tokens of every peer, one batch | end event          (tokens.py)
 
 What a replay must keep, and how:
@@ -193,7 +194,8 @@ class GraphCache:
             entry.graph.replay()
         self.replays += 1
         # one call: torch.empty and copy_ took the host 6.6 + 10.1 us, clone 8 (H200 host,
-        # tools/results/2026-12-04-h200-replay-node-costs/host_pieces.json, host_ab.json)
+        # tools/results/2026-12-04-h200-replay-node-costs/host_pieces.json; its host_ab.json,
+        # trimmed: git show 6a42d9c^:tools/results/2026-12-04-h200-replay-node-costs/host_ab.json)
         return entry.out.clone()
 
     def clear(self) -> None:
