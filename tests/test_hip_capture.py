@@ -151,15 +151,22 @@ def test_an_engine_adds_nodes_only_on_rocm_and_only_while_a_graph_is_captured(
                         lambda stream, ops: added.append((stream, ops)) or ["params"])
     engine = CopyEngine(torch.device("cuda", 0))
     engine.batch = eager = lambda stream, ops: None  # whatever was bound is put back
+    singles = engine.write_value, engine.wait_value_geq, engine.wait_value_eq
     with pytest.raises(RuntimeError, match="the capture failed"):
         with engine.in_graph() as kept:
             if hip_version:
                 engine.batch(3, [("write", 0x10, 1)])
                 assert added == [(3, [("write", 0x10, 1)])] and kept == ["params"]
-            else:  # CUDA's stream capture records the eager batch as it is
+                # a single operation would run at once under HIP's capture: refused
+                for single in (engine.write_value, engine.wait_value_geq, engine.wait_value_eq):
+                    with pytest.raises(AssertionError, match="inside a ROCm capture"):
+                        single(3, 0x10, 1)
+            else:  # CUDA's stream capture records the eager operations as they are
                 assert engine.batch is eager and kept == []
+                assert (engine.write_value, engine.wait_value_geq, engine.wait_value_eq) == singles
             raise RuntimeError("the capture failed")
     assert engine.batch is eager
+    assert (engine.write_value, engine.wait_value_geq, engine.wait_value_eq) == singles
 
 
 def test_buffers_hold_graph_routes_only_while_a_graph_is_captured():

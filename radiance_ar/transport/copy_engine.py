@@ -200,6 +200,11 @@ def _byte_span(t: torch.Tensor, label: str) -> tuple[int, int]:
     return t.data_ptr(), t.numel() * t.element_size()
 
 
+def _not_in_hip_capture(*_args: Any) -> None:
+    raise AssertionError("a single stream memory operation inside a ROCm capture: HIP's "
+                         "capture would not record it (CopyEngine.in_graph)")
+
+
 def _host_signals_only(*_args: Any) -> None:
     raise TypeError("copy_engine: CPU worlds signal and wait on the host (radiance_ar.transport.signals)")
 
@@ -254,12 +259,15 @@ class CopyEngine:
         if self.platform != "hip":
             yield kept
             return
-        eager = self.batch
+        eager = self.batch, self.write_value, self.wait_value_geq, self.wait_value_eq
         self.batch = lambda stream, ops: kept.extend(hip_capture_batch(stream, ops))
+        # a single stream operation would run at once, not be recorded (before ROCm 10):
+        # inside a capture every operation goes through batch (GpuSignals' rounds)
+        self.write_value = self.wait_value_geq = self.wait_value_eq = _not_in_hip_capture
         try:
             yield kept
         finally:
-            self.batch = eager
+            self.batch, self.write_value, self.wait_value_geq, self.wait_value_eq = eager
 
     def stream(self, handle: int) -> torch.cuda.Stream:
         """A torch stream object for a raw stream handle (GPU), made once per handle:
