@@ -291,13 +291,30 @@ def torchrun_rank(environ: Mapping[str, str] | None = None) -> int:
     return _torchrun_int("RANK", 0, environ)
 
 
-#: CUDA driver settings for W emulated ranks on one GPU, each owning a stream that may park
-#: on a stream wait-value: with the default 8 hardware connections, streams sharing a queue
-#: block each other (ROCm's equivalent is GPU_MAX_HW_QUEUES); lazy module loading loads a
+#: Driver settings for W emulated ranks on one GPU, each owning a stream that may park on a
+#: stream wait-value: with the default 8 hardware connections (CUDA) or 4 hardware queues
+#: (ROCm's GPU_MAX_HW_QUEUES, rocclr's default), streams sharing a queue block each other
+#: (ROCm's: not run on an AMD GPU; hip_hardware_queues reads what the runtime was given);
+#: lazy module loading loads a
 #: kernel at its first launch, which can synchronize the device while a rank's stream is
 #: parked on a peer's flag, and then never returns. Both were hit on hardware:
 #: docs/history.md.
-EMULATED_RANKS_CUDA_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "CUDA_MODULE_LOADING": "EAGER"}
+EMULATED_RANKS_CUDA_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "CUDA_MODULE_LOADING": "EAGER",
+                           "GPU_MAX_HW_QUEUES": "32"}
+#: rocclr's GPU_MAX_HW_QUEUES where it is not set
+HIP_DEFAULT_HW_QUEUES = 4
+
+
+def hip_hardware_queues(environ: Mapping[str, str] | None = None) -> int:
+    """The hardware queues ROCm's runtime gives this process per device:
+    ``GPU_MAX_HW_QUEUES`` (ROCm's variable, not ours), else rocclr's default."""
+    raw = (os.environ if environ is None else environ).get("GPU_MAX_HW_QUEUES", "").strip()
+    if not raw:
+        return HIP_DEFAULT_HW_QUEUES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"GPU_MAX_HW_QUEUES={raw!r}: expected a positive integer (ROCm's "
+                         "hardware queues per device)")
+    return int(raw)
 
 
 def prepare_cuda_for_emulated_ranks(environ: dict[str, str] | None = None) -> None:

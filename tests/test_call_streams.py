@@ -192,6 +192,36 @@ def test_emulated_ranks_get_two_call_streams_only_within_the_hardware_queues():
     assert emulated_streams_reason(world("gpu-symm", 8), 2) is None
 
 
+def test_on_rocm_the_queue_budget_is_gpu_max_hw_queues(monkeypatch):
+    """ROCm's runtime keeps 4 hardware queues per device unless GPU_MAX_HW_QUEUES says
+    more (rocclr's default): emulated ranks check their streams against that; the tools
+    that start emulated ranks ask for 32, as they ask CUDA for 32 connections."""
+    from radiance_ar import envs
+    from radiance_ar.backends import transport_backend
+    from radiance_ar.transport.world import World
+
+    class Mem:
+        kind = "gpu-emulated"
+
+    def reason(size, call_streams):
+        return transport_backend.emulated_streams_reason(
+            World(0, size, torch.device("cuda", 0), Mem()), call_streams)
+
+    monkeypatch.setattr(transport_backend, "platform", lambda device: "hip")
+    monkeypatch.delenv("GPU_MAX_HW_QUEUES", raising=False)
+    assert "2 emulated ranks x 4 streams exceed the GPU's 4 hardware queues (GPU_MAX_HW_QUEUES); " \
+           "raise GPU_MAX_HW_QUEUES" in reason(2, 1)
+    monkeypatch.setenv("GPU_MAX_HW_QUEUES", "32")
+    assert reason(8, 1) is None and reason(6, 2) is None
+    assert "RADIANCE_AR_SDMA_CALL_STREAMS=1" in reason(7, 2)
+    monkeypatch.setenv("GPU_MAX_HW_QUEUES", "four")
+    with pytest.raises(ValueError, match="GPU_MAX_HW_QUEUES='four': expected a positive integer"):
+        reason(2, 1)
+    environ = {}
+    envs.prepare_cuda_for_emulated_ranks(environ)
+    assert envs.hip_hardware_queues(environ) == 32
+
+
 def test_the_ops_side_stream_is_replaced_when_the_pool_hands_out_the_callers(monkeypatch):
     """radiance_ar.overlap.lanes.Lanes with stand-in streams (no GPU here): torch's pool may give the
     side stream the caller's stream; the next call then takes a fresh side stream, ordered

@@ -22,6 +22,7 @@ from radiance_ar.transport.hip_capture import hip_capture_reason
 from radiance_ar.transport.hip_ops import hip_runtime_version
 from radiance_ar.transport.runtime_errors import CopyEngineError
 from radiance_ar.transport.copy_transport import CopyTransport
+from radiance_ar import envs
 from radiance_ar.envs import BackendSettings
 from radiance_ar.backends.interface import Backend
 from radiance_ar.backends.sdma_schedule import COMPUTE_UNITS
@@ -34,23 +35,30 @@ from radiance_ar.transport.world import KINDS, MAX_WORLD, World
 
 
 #: CUDA_DEVICE_MAX_CONNECTIONS as emulated ranks set it (radiance_ar.envs): hardware queues
+#: hardware queues of one GPU the emulated ranks' streams share on CUDA
+#: (envs.EMULATED_RANKS_CUDA_ENV's CUDA_DEVICE_MAX_CONNECTIONS); ROCm: envs.hip_hardware_queues
 HARDWARE_QUEUES = 32
 
 
 def emulated_streams_reason(world: World, call_streams: int) -> str | None:
     """``None``, or why W emulated ranks cannot each keep ``call_streams`` call streams: one
     GPU's ranks would then have more busy streams than hardware queues (each rank: its own,
-    the publish lane, the op's side stream and the call streams), and streams that share a
-    queue can park one rank behind another's wait on a flag (docs/design.md, 'Worlds').
-    With one call stream (the caller's) a rank keeps at most 4 (a decode lane instead):
-    32 at W = 8, every queue."""
-    if world.kind != "gpu-emulated" or call_streams == 1:
+    the publish lane, the op's side stream and the call streams, or with one call stream, the
+    caller's, a decode lane instead), and streams that share a queue can park one rank behind
+    another's wait on a flag (docs/design.md, 'Worlds'). On CUDA with one call stream that
+    is 32 at W = 8, every queue; ROCm keeps 4 queues unless GPU_MAX_HW_QUEUES says more."""
+    if world.kind != "gpu-emulated":
         return None
-    per_rank = 3 + call_streams
-    if world.size * per_rank <= HARDWARE_QUEUES:
+    hip = platform(world.device) == "hip"
+    queues = envs.hip_hardware_queues() if hip else HARDWARE_QUEUES
+    per_rank = 4 if call_streams == 1 else 3 + call_streams
+    if world.size * per_rank <= queues:
         return None
-    return (f"{world.size} emulated ranks x {per_rank} streams exceed the GPU's "
-            f"{HARDWARE_QUEUES} hardware queues; set RADIANCE_AR_SDMA_CALL_STREAMS=1")
+    fix = ("set RADIANCE_AR_SDMA_CALL_STREAMS=1" if call_streams > 1 and world.size * 4 <= queues
+           else "raise GPU_MAX_HW_QUEUES before the process starts" if hip
+           else "use fewer ranks")
+    return (f"{world.size} emulated ranks x {per_rank} streams exceed the GPU's {queues} "
+            f"hardware queues{' (GPU_MAX_HW_QUEUES)' if hip else ''}; {fix}")
 
 
 class TransportBackend(Backend):
