@@ -116,7 +116,8 @@ class GraphCache:
         #: first would leave their pool's memory to be freed only by an empty_cache
         self._retired: list[Any] = []
         #: captures run here, never on the caller's stream, which may be the default one
-        #: (CUDA captures no legacy default stream); replays go on the caller's
+        #: (CUDA captures no legacy default stream), and the persistent buffers are
+        #: allocated here (:meth:`_static_rows`); replays go on the caller's
         self._capture_stream: torch.cuda.Stream | None = None
         #: captures made and replays launched (reports; tests check the cache is used)
         self.captures = 0
@@ -253,8 +254,21 @@ class GraphCache:
         k = (role, cols, dtype, _rows_bound(rows))
         buf = self._static.get(k)
         if buf is None:
-            buf = self._static[k] = torch.empty((k[3], cols), dtype=dtype, device=self.device)
+            # On the cache's own stream: freed once no graph binds it, its bytes go back to
+            # that stream's blocks, which only a later buffer of this cache takes (its first
+            # use ordered after every earlier call: OverlapRuntime._after_last_stream), never
+            # to other work of a caller's stream that a call on another stream ran beside.
+            own = (torch.cuda.stream(self._own_stream()) if self.device.type == "cuda"
+                   else contextlib.nullcontext())
+            with own:
+                buf = self._static[k] = torch.empty((k[3], cols), dtype=dtype,
+                                                    device=self.device)
         return buf[:rows]
+
+    def _own_stream(self) -> torch.cuda.Stream:
+        if self._capture_stream is None:
+            self._capture_stream = dedicated_stream(self.device)
+        return self._capture_stream
 
     def _capture(self, key: Hashable, layer: Hashable, x: torch.Tensor,
                  out_shape: tuple[int, int], sig: CallSignature, backend: Any,
@@ -283,9 +297,8 @@ class GraphCache:
         cache's own stream, in the cache's private pool; no device synchronization."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-            self._capture_stream = dedicated_stream(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(self._capture_stream):
+        with torch.cuda.stream(self._own_stream()):
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
                 # the round ends the capture itself: a capture_end that fails is then a
