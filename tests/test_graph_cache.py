@@ -120,7 +120,7 @@ def test_a_new_generation_drops_every_graph_and_starts_eagerly_again():
     assert (cache.captures, len(cache)) == (2, 1)
 
 
-def test_the_least_recently_used_graph_goes_first_with_its_persistent_buffers():
+def test_a_dropped_graph_takes_its_persistent_buffers_with_it():
     cache, backend, bodies = make(limit=2)
     shapes = {"a": (8, 4), "b": (16, 5), "c": (32, 6)}  # no two share a persistent buffer
     # each key: eager, then captured at its second call, except c: as often called as b
@@ -129,7 +129,7 @@ def test_the_least_recently_used_graph_goes_first_with_its_persistent_buffers():
         x = torch.randn(*shapes[key])
         for _ in range(calls):
             assert torch.equal(call(cache, backend, key, x, body_for(bodies, 2.0)), x * 2.0)
-    assert list(cache.room._kept) == ["a", "c"]  # b was least recently used
+    assert list(cache.room._kept) == ["a", "c"]  # b: as often called as a, used less lately
     assert cache.captures == 3
     held = cache.memory()["static_bytes"]
     assert held == sum(2 * r * c * 4 for r, c in (shapes["a"], shapes["c"]))

@@ -26,9 +26,10 @@ class Backend:
         yield
 
 
-def drive(calls, per_layer=None, limit=envs.MAX_OP_GRAPHS, cache=None):
-    """Op calls of (M, layer) through a cache (default quota); each result checked. Returns
-    the cache and what each call did: 'eager', 'captured' or 'replayed'."""
+def drive(calls, per_layer=None, limit=envs.MAX_OP_GRAPHS, cache=None, generation=0):
+    """Op calls of (M, layer) through a cache (default quota), in buffers of ``generation``;
+    each result checked. Returns the cache and what each call did: 'eager', 'captured' or
+    'replayed'."""
     if per_layer is None:
         per_layer = envs.KNOBS["RADIANCE_AR_OP_GRAPHS_PER_LAYER"].default
     if cache is None:  # (not ``or``: an empty cache has no length)
@@ -38,7 +39,7 @@ def drive(calls, per_layer=None, limit=envs.MAX_OP_GRAPHS, cache=None):
     for m, layer in calls:
         x = torch.full((m, 2), float(len(did)))
         captures, replays = cache.captures, cache.replays
-        out = cache.call((m, layer), layer, lambda: 0, x, (m, 2),
+        out = cache.call((m, layer), layer, lambda: generation, x, (m, 2),
                          CallSignature(m, 2, x.dtype, layer=layer), Backend(),
                          lambda x_in, out: torch.mul(x_in, 3.0, out=out))
         assert torch.equal(out, x * 3.0), (m, layer, len(did))
@@ -160,11 +161,11 @@ def test_ranks_that_made_different_calls_before_a_new_generation_decide_alike_af
         cache = GraphCache(torch.device("cpu"), 2, lambda backend, run: (Replayable(run), None))
         before = [(m, 1) for m in (8, 4, 2) * 10] + [(8, 1)] * extra
         drive(before, cache=cache)
-        cache.clear()  # what the new generation does (GraphCache._renew)
         caches.append(cache)
     rng = random.Random(1)
     after = [(rng.choice((8, 4, 2, 16)), 1) for _ in range(300)]
-    assert drive(after, cache=caches[0])[1] == drive(after, cache=caches[1])[1]
+    did = [drive(after, cache=cache, generation=1)[1] for cache in caches]
+    assert did[0] == did[1] and did[0][0] == "eager"  # every shape warms up again
 
 
 def test_a_graph_called_once_a_round_does_not_shield_a_busier_key():
