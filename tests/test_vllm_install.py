@@ -82,6 +82,20 @@ def test_a_weight_the_producer_cannot_read_is_a_reason(weight):
     assert vi.eligibility(layer, 2).startswith("weight is not a plain 2-D (N, K)")
 
 
+def test_a_layer_of_another_group_or_with_a_forward_of_its_own_stays_stock():
+    # vLLM's PCP o_proj sets tp_size = tp x pcp and reduces over its own group
+    assert vi.eligibility(StandIn(tp_size=8), 4) == vi.OTHER_GROUP
+
+    class OwnForward(StandIn):  # e.g. a register_oot layer that pads its input
+        def forward(self, input_):
+            return "its own"
+
+    assert vi.own_forward_reason(StandIn(), StandIn) is None
+    assert vi.own_forward_reason(OwnForward(), StandIn) == (
+        "OwnForward overrides StandIn.forward (its own gathers or reduction), which routing "
+        "would bypass")
+
+
 def test_eligibility_names_what_is_wrong_with_its_arguments():
     with pytest.raises(TypeError, match="object has no attribute.*bias, reduce_results"):
         vi.eligibility(object(), 2)
@@ -130,7 +144,15 @@ def test_plan_takes_the_eligible_and_groups_the_rest_by_reason():
     # a pipelined backend's replayed calls: the graphs they may keep, per routed linear
     grown.routed = ["o_proj", "down"]
     assert ("min_m 2048); op graphs auto: up to 4 per routed linear (8 here, "
-            "RADIANCE_AR_OP_GRAPHS_PER_LAYER)") in grown.summary()
+            "RADIANCE_AR_OP_GRAPHS_PER_LAYER; 4096 at most)") in grown.summary()
+    many = vi.InstallReport(OverlapSettings(True, "sdma", 2048, 4, graphs_per_layer=64),
+                            tp_size=4, routed=[f"layers.{i}" for i in range(160)])
+    assert "up to 64 per routed linear (4096 here," in many.summary()  # the room's limit
+    # where the runtime replays nothing, the summary says so and why, with no count
+    spin = vi.InstallReport(OverlapSettings(True, "oneshot_wht6", 2048, 4), tp_size=2,
+                            routed=["o_proj"], graph_reason="oneshot_wht6 has no replayable calls")
+    assert "op graphs auto: none here (oneshot_wht6 has no replayable calls)" in spin.summary()
+    assert "per routed" not in spin.summary()
     off = vi.InstallReport(OverlapSettings(True, "sdma", 2048, 4, graphs="off"), tp_size=2)
     assert "min_m 2048); op graphs off" in off.summary() and "per routed" not in off.summary()
     assert "op graphs" not in report.summary()  # stock: unsliced, nothing replayed

@@ -4,6 +4,7 @@ always, the cache key also against a real vLLM where installed (``.ci/run``'s vL
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import types
@@ -39,7 +40,16 @@ def test_the_flag_and_backend_reach_a_vllm_style_compile_cache_key(monkeypatch):
         assert key("1") != key("1", other)
         assert key("0") == key("0", other)  # flag off: the graph has no op, backend unkeyed
     assert vp.compile_cache_factors(OFF) == {"RADIANCE_AR_OVERLAP": False,
-                                             "RADIANCE_AR_BACKEND": None}
+                                             "RADIANCE_AR_BACKEND": None,
+                                             "RADIANCE_AR_ACCURACY": None,
+                                             "RADIANCE_AR_TUNING": None}
+    # auto: which layers stay stock follows the accuracy and the table's rows
+    monkeypatch.setenv("RADIANCE_AR_ACCURACY", "quantized")
+    assert key("1", "auto") != key("1")
+    exact = key("1", "auto")
+    monkeypatch.setenv("RADIANCE_AR_ACCURACY", "exact")
+    assert key("1", "auto") != exact
+    assert key("0", "auto") == key("0")  # flag off: nothing of auto is keyed
 
 
 def test_a_vllm_without_env_factors_gets_a_warning_how_to_key_the_cache(caplog):
@@ -123,3 +133,15 @@ def test_real_vllm_compile_factors_carry_the_flag(monkeypatch):
     assert (off["RADIANCE_AR_OVERLAP"], on["RADIANCE_AR_OVERLAP"]) == (False, True)
     assert on["RADIANCE_AR_BACKEND"] == "stock"
     assert hash_factors(off) != hash_factors(on)
+
+
+def test_under_auto_another_tuning_table_is_another_compile_cache_key(tmp_path):
+    from radiance_ar.overlap import tuning
+
+    other = tmp_path / "tuning_here.json"
+    other.write_text(open(tuning.SHIPPED_PATH).read() + "\n")  # same rows, other bytes
+    auto = OverlapSettings(True, "auto", 2048, "auto")
+    shipped = vp.compile_cache_factors(auto)
+    here = vp.compile_cache_factors(dataclasses.replace(auto, tuning=str(other)))
+    assert shipped["RADIANCE_AR_TUNING"] == tuning.shipped().digest
+    assert here["RADIANCE_AR_TUNING"] != shipped["RADIANCE_AR_TUNING"]

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from radiance_ar import backends
-from radiance_ar.envs import AUTO_BACKEND, OVERLAP_PLANS
+from radiance_ar.envs import AUTO_BACKEND, MAX_OP_GRAPHS, OVERLAP_PLANS
 import radiance_ar.overlap.op  # noqa: F401 -- registers torch.ops.radiance.linear_ar
 from radiance_ar.backends.interface import Backend
 from radiance_ar.overlap.config import OverlapSettings, from_env
@@ -53,6 +53,8 @@ REQUIRED_ATTRS = ("bias", "reduce_results", "quant_method", "return_bias")
 
 ALREADY_ROUTED = "already routed through radiance::linear_ar"
 TP_ONE = "tensor-parallel size 1: no all-reduce to hide"
+OTHER_GROUP = ("its tp_size differs from the tensor-parallel group's: it reduces over another "
+               "group (a subclass of its own), which the op does not serve")
 HAS_BIAS = "has a bias: bias after the reduction stays vLLM's own contract"
 NO_REDUCE = "reduce_results is False: the model reduces this output elsewhere"
 SPLITS_INPUT = "input_is_parallel is False: the layer splits its own input"
@@ -89,6 +91,8 @@ def _decide(layer: Any, tp_size: int, backend: type[Backend] | None
     # A layer built with disable_tp has its own tp_size of 1 inside a TP > 1 model.
     if tp_size == 1 or getattr(layer, "tp_size", tp_size) == 1:
         return TP_ONE, None
+    if getattr(layer, "tp_size", tp_size) != tp_size:
+        return OTHER_GROUP, None
     if layer.bias is not None:
         return HAS_BIAS, None
     if not layer.reduce_results:
@@ -107,6 +111,17 @@ def _decide(layer: Any, tp_size: int, backend: type[Backend] | None
         if reason is not None:
             return f"backend {backend.name}: N = {n} {reason}", None
     return None, found
+
+
+def own_forward_reason(layer: Any, base: type) -> str | None:
+    """None if ``layer``'s class runs ``base.forward`` (vLLM's RowParallelLinear), else why it
+    stays stock: a subclass with a forward of its own (vLLM's PCP o_proj gathers weights and
+    reduces over its own group; out-of-tree layers registered with ``register_oot``) would
+    have it replaced, silently, by the op's (a pure gate)."""
+    if type(layer).forward is base.forward:
+        return None
+    return (f"{type(layer).__name__} overrides {base.__name__}.forward (its own gathers or "
+            "reduction), which routing would bypass")
 
 
 def _routed_forward(self: Any, input_: torch.Tensor) -> Any:
@@ -156,6 +171,9 @@ class InstallReport:
     #: measured M (radiance_ar/overlap/tuning.py), and the table's description
     auto: dict[tuple[int, str], list] = field(default_factory=dict)
     auto_table: str = ""
+    #: why the op's calls are not replayed here (OverlapRuntime.graph_reason; None: they
+    #: are, or no runtime was built)
+    graph_reason: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -178,9 +196,13 @@ class InstallReport:
                 f"through radiance::linear_ar (backend {s.backend}, tp {self.tp_size}, "
                 f"{slices}, min_m {s.min_m})")
         if cls.pipelined:  # what the replayed calls may hold (radiance_ar/overlap/graphs.py)
-            head += f"; op graphs {s.graphs}" + ("" if s.graphs == "off" else
-                f": up to {s.graphs_per_layer} per routed linear "
-                f"({s.graphs_per_layer * len(self.routed)} here, RADIANCE_AR_OP_GRAPHS_PER_LAYER)")
+            head += f"; op graphs {s.graphs}"
+            if s.graphs != "off" and self.graph_reason is not None:
+                head += f": none here ({self.graph_reason})"
+            elif s.graphs != "off":
+                most = min(s.graphs_per_layer * len(self.routed), MAX_OP_GRAPHS)
+                head += (f": up to {s.graphs_per_layer} per routed linear ({most} here, "
+                         f"RADIANCE_AR_OP_GRAPHS_PER_LAYER; {MAX_OP_GRAPHS} at most)")
         if self.producers:
             kinds = sorted(set(self.producers.values()))
             head += "; producers: " + ", ".join(
@@ -323,7 +345,14 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
         raise ImportError("radiance_ar.overlap.vllm_install.install: RADIANCE_AR_OVERLAP=1 but vLLM "
                           f"cannot be imported ({e})") from e
     report.tp_size = get_tensor_model_parallel_world_size()
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, RowParallelLinear)]
+    layers = []
+    for n, m in model.named_modules():
+        if isinstance(m, RowParallelLinear):
+            reason = own_forward_reason(m, RowParallelLinear)
+            if reason is None:
+                layers.append((n, m))
+            else:
+                report.left.setdefault(reason, []).append(n)
     if vllm_config is not None and getattr(vllm_config, "lora_config", None) is not None:
         if layers:
             report.left[LORA] = [n for n, _ in layers]
@@ -337,6 +366,7 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
         # (captured_sizes), and a capture that does meet the refusal raises with its reason.
         # Under auto each size's choice has its own gate, met at the capture itself.
         rt = PROCESS.current()
+        report.graph_reason = rt.graph_reason()
         if rt.world.device.type == "cuda" and rt.auto is None:
             conflict = capture_conflict(captured_sizes(vllm_config), rt.settings.min_m,
                                         rt.backend.name, rt.caller_capture_reason())

@@ -10,7 +10,8 @@ pyproject.toml declares ``radiance_ar = "radiance_ar.overlap.vllm_plugin:registe
 2. Keys vLLM's torch.compile cache on the overlap flag and backend. vLLM names the
    cache directory after a hash whose environment part is ``vllm.envs.compile_factors()``,
    which reads every getter in ``vllm.envs.environment_variables``; the plugin adds
-   ``RADIANCE_AR_OVERLAP`` and ``RADIANCE_AR_BACKEND`` there. Without this a warm cache
+   ``RADIANCE_AR_OVERLAP`` and ``RADIANCE_AR_BACKEND`` there (under ``auto`` also the
+   accuracy and the tuning table's digest: :func:`compile_cache_factors`). Without this a warm cache
    from a run with the flag off replays the old graph (vLLM's all-reduce, not our op)
    and silently ignores the feature. (Checked against vLLM 0.32 and 0.34:
    ``vllm/compilation/backends.py`` and ``caching.py`` hash ``envs.compile_factors()``.)
@@ -33,12 +34,16 @@ import importlib.util
 import sys
 from typing import Any, Callable
 
+from radiance_ar.envs import AUTO_BACKEND
+from radiance_ar.overlap.auto import table_for
 from radiance_ar.overlap.config import OverlapSettings, from_env
 from radiance_ar.overlap.vllm_install import install, logger
 
 LOADER_PACKAGE = "vllm.model_executor.model_loader"
-#: the knobs that change what torch.compile traces in a vLLM model
-COMPILE_CACHE_KNOBS = ("RADIANCE_AR_OVERLAP", "RADIANCE_AR_BACKEND")
+#: the knobs that change what torch.compile traces in a vLLM model: which layers are routed
+#: (the flag; the backend's gate on N; under auto, the table's rows for the accuracy)
+COMPILE_CACHE_KNOBS = ("RADIANCE_AR_OVERLAP", "RADIANCE_AR_BACKEND", "RADIANCE_AR_ACCURACY",
+                       "RADIANCE_AR_TUNING")
 _WRAPPED = "__radiance_ar_wrapped__"
 
 
@@ -53,10 +58,15 @@ def register() -> None:
 def compile_cache_factors(settings: OverlapSettings) -> dict[str, object]:
     """The compile-cache factors of this run. With the flag on the traced graph holds our op,
     and the backend is keyed with it (the op hides the backend from the trace; keying it
-    makes a cache entry name exactly what ran). With the flag off no layer is routed and
-    the backend is not keyed, so a stray RADIANCE_AR_BACKEND costs no recompile."""
+    makes a cache entry name exactly what ran, and its gate on N decides which layers are
+    routed). Under ``auto`` the accuracy and the tuning table's content (its digest) decide
+    that too: a layer whose N the table has no row for stays stock. With the flag off no
+    layer is routed and nothing else is keyed, so a stray setting costs no recompile."""
+    auto = settings.enabled and settings.backend == AUTO_BACKEND
     return {"RADIANCE_AR_OVERLAP": settings.enabled,
-            "RADIANCE_AR_BACKEND": settings.backend if settings.enabled else None}
+            "RADIANCE_AR_BACKEND": settings.backend if settings.enabled else None,
+            "RADIANCE_AR_ACCURACY": settings.accuracy if auto else None,
+            "RADIANCE_AR_TUNING": table_for(settings).digest if auto else None}
 
 
 def _factor(name: str) -> object:
@@ -77,7 +87,8 @@ def add_compile_cache_factors(venvs: Any = None) -> bool:
         logger.warning(
             "radiance-ar: this vLLM does not hash plugin environment factors into its "
             "compile-cache key; give overlap runs their own cache (VLLM_CACHE_ROOT=<dir "
-            "named after RADIANCE_AR_OVERLAP and RADIANCE_AR_BACKEND>, or "
+            "named after RADIANCE_AR_OVERLAP and RADIANCE_AR_BACKEND, under auto also "
+            "RADIANCE_AR_ACCURACY and RADIANCE_AR_TUNING>, or "
             "-O '{\"cache_dir\": ...}'), or a warm cache replays the graph without the op")
         return False
     for name in COMPILE_CACHE_KNOBS:
