@@ -53,6 +53,10 @@ def test_explicit_choices_are_kept_and_checked():
         choose_peer_memory("p2p", shared)
     with pytest.raises(ValueError, match="peer_memory 'shm': expected one of auto, symm, host"):
         from_process_group(peer_memory="shm")
+    with pytest.raises(TypeError, match="device must be a torch.device, got str 'cpu'"):
+        from_process_group(device="cpu")
+    with pytest.raises(ValueError, match="peer_memory 'host' is for GPU ranks; CPU ranks share"):
+        from_process_group(device=torch.device("cpu"), peer_memory="host")
 
 
 @pytest.fixture

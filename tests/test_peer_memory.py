@@ -163,11 +163,14 @@ def test_a_growth_killed_midway_leaves_nothing_behind(tmp_path):
 
 
 def test_private_files_shared_data_nothing_left(cpu_world):
-    out = cpu_world(2).run(private_sharing_job)
+    pool = cpu_world(2)
+    out = pool.run(private_sharing_job)
     uid = os.geteuid()
+    # the pool's own directory in /dev/shm holds its jobs' directories (CpuWorldPool.shm_root)
+    assert os.path.dirname(pool.shm_root) == "/dev/shm" and _mode(pool.shm_root) == 0o700
     for r, o in enumerate(out):
         assert o["dir"] == out[0]["dir"]
-        assert os.path.dirname(o["dir"]) == "/dev/shm"
+        assert os.path.dirname(o["dir"]) == pool.shm_root
         assert o["dir_mode"] == 0o700 and o["dir_uid"] == uid
         # Each peer file, seen just before it was mapped: ours, 0600, the right size.
         assert o["files"] == [(0o600, uid, 4096), (0o600, uid, 100)], r
@@ -196,7 +199,8 @@ def test_precreated_and_foreign_files_refused(cpu_world):
     assert out[0]["squatted_content"] == b"foreign"
     kind0, msg0 = out[0]["foreign"]
     assert kind0 == "PermissionError" and "mode 0666" in msg0 and "expected" in msg0
-    assert re.search(r"refusing peer file /dev/shm/radiance-ar-\w+/[0-9a-f]{32}", msg0)
+    assert re.search(r"refusing peer file /dev/shm/radiance-ar-pool-\w+/radiance-ar-\w+/[0-9a-f]{32}",
+                     msg0)
     kind1, msg1 = out[1]["foreign"]
     assert kind1 == "RuntimeError" and "rank 0: PermissionError" in msg1
     assert out[0]["left_foreign"] == [] == out[1]["left_foreign"]
@@ -278,3 +282,85 @@ def test_exclusive_create_refuses_existing(tmp_path):
     os.symlink(path, str(tmp_path / "link"))
     with pytest.raises(FileExistsError):  # O_EXCL: a link at the name is not followed
         pm._create_exclusive(str(tmp_path / "link"))
+
+
+def full_shm_job(world):
+    """Rank 1's /dev/shm is full at its growth (posix_fallocate: ENOSPC); what each rank
+    raised, and whether the job directory is gone after close()."""
+    import errno
+
+    mem = pm.SharedFileMemory(world.group)
+    fallocate = os.posix_fallocate
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if world.rank == 1:
+        os.posix_fallocate = full
+    try:
+        mem.allocate("big", 1 << 20)
+        raised = None
+    except Exception as e:  # noqa: BLE001 -- the test reads what each rank raised
+        raised = (type(e).__name__, str(e))
+    finally:
+        os.posix_fallocate = fallocate
+    directory = mem._dir
+    mem.barrier()
+    mem.close()
+    mem.barrier()
+    return {"raised": raised, "dir": directory, "exists_after_close": os.path.exists(directory)}
+
+
+def test_a_full_shm_is_an_error_on_every_rank_not_a_sigbus_at_the_first_write():
+    with CpuWorldPool(2, collective_timeout_s=10) as pool:
+        out = pool.run(full_shm_job, timeout_s=60)
+    assert out[1]["raised"][0] == "OSError" and "No space left" in out[1]["raised"][1]
+    assert out[0]["raised"][0] == "RuntimeError" and "rank 1: OSError" in out[0]["raised"][1]
+    assert not out[0]["exists_after_close"]
+
+
+def test_emulated_ranks_pinned_buffers_go_with_their_last_holder_and_must_match(monkeypatch):
+    """PinnedHostGroup (one process, W emulated ranks): each allocation's W buffers are
+    held by the group only until every rank has taken them (then by their PeerBuffers
+    alone: growths free the old sets), and ranks asking for different buffers at the same
+    allocation raise instead of each getting a set no peer shares. CPU: unpinned zeros."""
+    import gc
+    import weakref
+
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, pin_memory=False, **k: zeros(*a, **k))
+    group = pm.PinnedHostGroup(2)
+    mems = [pm.PinnedHostMemory(group, r) for r in range(2)]
+    old = [m.allocate("pub", 64) for m in mems]
+    assert old[0].peer(1) is old[1].local and group._pending == {}
+    gone = weakref.ref(old[0].local)
+    new = [m.allocate("pub", 96) for m in mems]  # a growth: the old sets are dropped
+    del old
+    gc.collect()
+    assert gone() is None and new[1].peer(0) is new[0].local
+    mems[0].allocate("red", 32)
+    with pytest.raises(ValueError, match=r"rank 1's allocation 3 is 'red' of 48 B, another "
+                                         r"rank's is 'red' of 32 B"):
+        mems[1].allocate("red", 48)
+
+
+def stuck_rank0_job(world, marker):
+    """Every rank makes a job directory; rank 0 writes its path, then never returns."""
+    mem = pm.SharedFileMemory(world.group)
+    if world.rank == 0:
+        with open(marker, "w") as f:
+            f.write(mem._dir)
+        time.sleep(600)
+
+
+def test_a_pool_whose_rank_0_is_killed_leaves_no_job_directory(tmp_path):
+    """A job past its time: the pool kills its ranks, rank 0 with its finalizers unrun;
+    the pool's own directory goes with the job directory inside it."""
+    marker = tmp_path / "job-dir"
+    pool = CpuWorldPool(2, collective_timeout_s=10)
+    root = pool.shm_root
+    with pytest.raises(Exception, match="within 5 s; pool closed"):
+        pool.run(stuck_rank0_job, str(marker), timeout_s=5)
+    job_dir = marker.read_text()
+    assert os.path.dirname(job_dir) == root
+    assert not os.path.exists(job_dir) and not os.path.exists(root)

@@ -292,3 +292,25 @@ def test_a_replay_runs_where_the_transports_calls_run():
     assert log == ["own stream entered", "call sig", "fence on 0x77", "replay",
                    "round ends on 0x77", "caller waits for own stream"]
 
+
+
+def test_a_growth_that_fails_at_its_second_buffer_leaves_none():
+    """TransportBuffers.allocate: red's allocation fails after pub's succeeded (a full
+    /dev/shm, a killed peer): pub goes too, and the capacity is 0 (the docstring's promise;
+    in gpu-host a pub kept would stay mapped and registered)."""
+    from radiance_ar.transport.peer_memory import PeerBuffer
+    from radiance_ar.transport.transport_buffers import TransportBuffers
+
+    class HalfMemory:
+        kind = "cpu-shm"
+
+        def allocate(self, name, nbytes):
+            if name == "sdma.red":
+                raise OSError("no space for sdma.red")
+            return PeerBuffer(name, nbytes, 0, [torch.zeros(nbytes, dtype=torch.uint8)] * 2)
+
+    buffers = TransportBuffers(World(0, 2, torch.device("cpu"), HalfMemory()), None, [1],
+                               reduced=True, stage_reduced=False)
+    with pytest.raises(OSError, match="no space for sdma.red"):
+        buffers.allocate(4096)
+    assert (buffers.pub, buffers.red, buffers.capacity) == (None, None, 0)

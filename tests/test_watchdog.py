@@ -121,10 +121,12 @@ def test_a_stopped_process_removes_its_job_directory_and_dies_by_sigabrt(tmp_pat
     # the directory rank 0 of a gpu-host job made (SharedFileMemory registers its removal)
     job = tmp_path / "radiance-ar-job"
     job.mkdir(mode=0o700)
+    # a clean-up that raises, registered first, cancels neither the stop nor the next one
     code = ("import shutil, sys, weakref\n"
             "from radiance_ar.transport.watchdog import run_at_stop, stop_process\n"
             "class Owner: pass\n"
-            "owner = Owner()\n"
+            "owner, other = Owner(), Owner()\n"
+            "run_at_stop(weakref.finalize(other, shutil.rmtree, sys.argv[1] + '-gone'))\n"
             "run_at_stop(weakref.finalize(owner, shutil.rmtree, sys.argv[1]))\n"
             "stop_process('rank 0: peer rank 1 did not post flag ready.')\n")
     proc = subprocess.run([sys.executable, "-c", code, str(job)], capture_output=True,
@@ -132,6 +134,7 @@ def test_a_stopped_process_removes_its_job_directory_and_dies_by_sigabrt(tmp_pat
     assert proc.returncode == -6, (proc.returncode, proc.stderr)  # SIGABRT
     assert "radiance-ar watchdog: rank 0: peer rank 1 did not post flag ready." in proc.stderr
     assert "RADIANCE_AR_WATCHDOG_S sets the limit" in proc.stderr
+    assert "a clean-up before the stop failed: FileNotFoundError" in proc.stderr
     assert not job.exists()
 
 

@@ -31,16 +31,22 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
+from radiance_ar.transport.peer_memory import SHM_ROOT
+
 
 class WorldError(RuntimeError):
     """A job failed, a rank died, or a job timed out in a :class:`CpuWorldPool`."""
 
 
-def _worker(rank: int, size: int, init_file: str, jobs, results, collective_timeout_s: float,
-            threads: int, device: str, peer_memory: str | None) -> None:
+def _worker(rank: int, size: int, init_file: str, shm_root: str, jobs, results,
+            collective_timeout_s: float, threads: int, device: str,
+            peer_memory: str | None) -> None:
     import torch.distributed as dist
 
+    from radiance_ar.transport import peer_memory as shared_files
     from radiance_ar.transport.world import from_process_group
+
+    shared_files.SHM_ROOT = shm_root  # every job directory of this pool's worlds goes here
 
     torch.set_num_threads(threads)
     dev = torch.device(device)
@@ -86,7 +92,15 @@ class CpuWorldPool:
         self._remove_init_dir = weakref.finalize(self, shutil.rmtree, self._init_dir,
                                                  ignore_errors=True)
         self._init_file = os.path.join(self._init_dir, "store")
+        #: the shared-memory job directories of this pool's worlds are made in here (0700,
+        #: random name), removed with the ranks gone: a rank 0 killed outright (a job past
+        #: its time, a pool never closed) leaves nothing behind either
+        self.shm_root: str | None = None
+        self._remove_shm_root = None
         try:
+            self.shm_root = tempfile.mkdtemp(prefix="radiance-ar-pool-", dir=SHM_ROOT)
+            self._remove_shm_root = weakref.finalize(self, shutil.rmtree, self.shm_root,
+                                                     ignore_errors=True)
             os.close(os.open(self._init_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             ctx = mp.get_context("spawn")
             self._results = ctx.Queue()
@@ -95,8 +109,9 @@ class CpuWorldPool:
             for r in range(size):
                 self._procs.append(ctx.Process(
                     target=_worker, daemon=True,
-                    args=(r, size, self._init_file, self._jobs[r], self._results,
-                          collective_timeout_s, threads, device, peer_memory)))
+                    args=(r, size, self._init_file, self.shm_root, self._jobs[r],
+                          self._results, collective_timeout_s, threads, device,
+                          peer_memory)))
                 self._procs[-1].start()
         except BaseException:
             self.close()
@@ -158,6 +173,8 @@ class CpuWorldPool:
                 p.join()
         self._procs = []
         self._remove_init_dir()
+        if self._remove_shm_root is not None:
+            self._remove_shm_root()
 
     def __enter__(self) -> "CpuWorldPool":
         return self

@@ -112,7 +112,7 @@ class RegisteredHostMemory(SharedFileMemory):
     kind = "gpu-host"
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device,
-                 root: str = "/dev/shm"):
+                 root: str | None = None):
         self.registration = HostRegistration(device)
         super().__init__(group, root)
 

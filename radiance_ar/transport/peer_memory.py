@@ -100,6 +100,12 @@ class PeerMemory(abc.ABC):
         return []
 
 
+#: where rank 0 makes its job directory when no root is given. A CpuWorldPool's workers
+#: set their pool's own directory here, which the pool removes after its ranks are gone,
+#: with whatever a rank 0 killed outright left behind (radiance_ar/harness/cpu_world.py)
+SHM_ROOT = "/dev/shm"
+
+
 class SharedFileMemory(PeerMemory):
     """CPU processes of one gloo group; buffers are ``/dev/shm`` files mapped by all ranks.
 
@@ -114,13 +120,15 @@ class SharedFileMemory(PeerMemory):
     fails (a peer gone, a collective timed out). Rank 0 removes the directory, with
     anything a killed rank left in it, at :meth:`close`, on garbage collection or at
     interpreter exit, or when its watchdog stops it (radiance_ar/transport/watchdog.py);
-    only a rank 0 killed outright leaves it behind (still mode 0700).
+    only a rank 0 killed outright leaves it behind (still mode 0700), and in a
+    :class:`~radiance_ar.harness.cpu_world.CpuWorldPool` not even that.
     """
 
     kind = "cpu-shm"
 
-    def __init__(self, group: dist.ProcessGroup | None, root: str = "/dev/shm"):
+    def __init__(self, group: dist.ProcessGroup | None, root: str | None = None):
         super().__init__(dist.get_rank(group), dist.get_world_size(group))
+        root = SHM_ROOT if root is None else root
         self.group = group
         self._finalizer = None
         shared: list = [None, None]  # the directory, or why rank 0 could not make it
@@ -185,6 +193,11 @@ class SharedFileMemory(PeerMemory):
                 mine = path
                 try:
                     os.ftruncate(fd, nbytes)  # a new file: its bytes read as zero
+                    if nbytes:
+                        # tmpfs pages now, or ENOSPC here, on every rank: a sparse file on a
+                        # full /dev/shm (Docker's default: 64 MiB) maps fine and then kills
+                        # the rank with SIGBUS at its first write
+                        os.posix_fallocate(fd, 0, nbytes)
                     local = self._tensor(_map(fd, nbytes))
                 finally:
                     os.close(fd)
@@ -365,18 +378,29 @@ class PinnedHostGroup:
 
     def __init__(self, size: int):
         self.size = size
-        self._buffers: dict[tuple[str, int, int], list[torch.Tensor]] = {}
+        #: allocation serial -> (name, bytes, the W buffers, ranks yet to take them): held
+        #: until every rank has taken its set, then only by the ranks' PeerBuffers
+        self._pending: dict[int, tuple[str, int, list[torch.Tensor], set[int]]] = {}
         self._serial = [0] * size
 
     def buffers(self, rank: int, name: str, nbytes: int) -> list[torch.Tensor]:
         # Ranks allocate in the same order (collective), so the k-th allocation of every
         # rank names the same buffer set whichever rank asks first.
         self._serial[rank] += 1
-        key = (name, nbytes, self._serial[rank])
-        if key not in self._buffers:
-            self._buffers[key] = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)
-                                  for _ in range(self.size)]
-        return self._buffers[key]
+        serial = self._serial[rank]
+        if serial not in self._pending:
+            self._pending[serial] = (name, nbytes, [
+                torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)
+                for _ in range(self.size)], set(range(self.size)))
+        first_name, first_bytes, bufs, waiting = self._pending[serial]
+        if (name, nbytes) != (first_name, first_bytes):
+            raise ValueError(f"PinnedHostGroup: rank {rank}'s allocation {serial} is {name!r} of "
+                             f"{nbytes} B, another rank's is {first_name!r} of {first_bytes} B "
+                             "(allocations are collective: same order and sizes on every rank)")
+        waiting.discard(rank)
+        if not waiting:
+            del self._pending[serial]
+        return bufs
 
 
 class PinnedHostMemory(PeerMemory):

@@ -52,6 +52,13 @@ class TransportBuffers:
         """Collective: replace every buffer by one of ``nbytes`` (the caller has sized it
         and made sure no call is in flight); a failure leaves none and capacity 0."""
         self.close()
+        try:
+            self._allocate(nbytes)
+        except BaseException:
+            self.close()  # none held: a pub mapped (and registered) before red failed goes too
+            raise
+
+    def _allocate(self, nbytes: int) -> None:
         mem, dev, size = self.world.memory, self.world.device, self.world.size
         self.pub = mem.allocate("sdma.pub", nbytes)
         if self.reduced:

@@ -95,7 +95,11 @@ def stop_process(message: str) -> None:
     log.critical("radiance-ar watchdog: %s Stopping this process (SIGABRT); "
                  "RADIANCE_AR_WATCHDOG_S sets the limit, 0 turns the watchdog off.", message)
     for cleanup in _at_stop:
-        cleanup()
+        try:
+            cleanup()
+        except BaseException as e:  # noqa: BLE001 -- a failed clean-up must not cancel the stop
+            log.error("radiance-ar watchdog: a clean-up before the stop failed: %s: %s",
+                      type(e).__name__, e)
     for handler in log.handlers + logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()

@@ -94,11 +94,18 @@ def from_process_group(group: dist.ProcessGroup | None = None,
     :func:`choose_peer_memory`). ``all_reduce``: the vendor collective of
     :attr:`World.all_reduce` (None: the group's).
     """
+    if device is not None and not isinstance(device, torch.device):
+        raise TypeError(f"from_process_group: device must be a torch.device, got "
+                        f"{type(device).__name__} {device!r}")
+    given = peer_memory
     if peer_memory is None:
         peer_memory = envs.get("RADIANCE_AR_PEER_MEMORY")
     elif peer_memory not in envs.PEER_MEMORIES:
         raise ValueError(f"from_process_group: peer_memory {peer_memory!r}: expected one of "
                          f"{', '.join(envs.PEER_MEMORIES)}")
+    if device is not None and device.type == "cpu" and given not in (None, "auto"):
+        raise ValueError(f"from_process_group: peer_memory {given!r} is for GPU ranks; CPU "
+                         "ranks share memory files (cpu-shm): pass None or 'auto'")
     if not dist.is_initialized():
         raise RuntimeError("from_process_group: torch.distributed is not initialized "
                            "(run under torchrun, or use radiance_ar.harness.cpu_world for CPU ranks)")
