@@ -230,3 +230,48 @@ def test_the_next_call_clears_a_capture_mark():
     peer._np[1][_HEADER["capturing"]] = 1
     with peer.call(sig()):
         assert peer._np[1][_HEADER["capturing"]] == 0
+
+
+def test_a_call_completed_by_a_release_raises_though_the_peer_gave_up_on_a_later_call():
+    """W = 3, rank 2 missing, host-visible flags (gpu-host, emulated). Rank 0 enqueued calls
+    1 and 2 when its check() gave up: its release wrote rank 2's ready of call 1, which
+    rank 1's call 1 awaited too, and its abort word holds ITS newest call, 2. Rank 1, which
+    enqueued only call 1, sees its call complete; its check() must still raise, since the
+    bytes it read from rank 2 were never published (GpuSignals._raise_if_released_by_a_peer)."""
+    from signal_fakes import RecordedOps
+
+    from radiance_ar.transport.gpu_signals import GpuSignals
+    from radiance_ar.transport.signals import _HEADER, _word
+
+    size = 3
+    words = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(size)]
+    ranks = [GpuSignals(PeerBuffer("flags", FLAG_BYTES, r, words), r, size, 100.0,
+                        RecordedOps(), "sdma", lambda: []) for r in (0, 1)]
+
+    class EndEvent:  # complete once every wait enqueued before it is satisfied
+        def __init__(self, signals):
+            self.signals, self.waits = signals, []
+
+        def record(self, stream):
+            self.waits = list(self.signals._awaited)
+
+        def query(self):
+            return all(self.signals._satisfied(*w[:4]) for w in self.waits)
+
+    for s in ranks:
+        s.EVENT_TYPE = lambda s=s: EndEvent(s)
+
+    def enqueue_call(s):
+        with s.call(sig()) as t:
+            s._np[s.rank][_word("ready", t)] = s.tag(t)  # its stream's post, as executed
+            s.wait_all([p for p in range(size) if p != s.rank], "ready", t, 0, "sdma one-shot")
+            s.end_call(0)
+
+    enqueue_call(ranks[0])
+    enqueue_call(ranks[0])
+    enqueue_call(ranks[1])
+    with pytest.raises(PeerTimeoutError):
+        ranks[0].check()
+    assert ranks[0]._read(0, _HEADER["abort"]) == 2
+    with pytest.raises(PeerAbortedError, match="its release of its own stream"):
+        ranks[1].check()

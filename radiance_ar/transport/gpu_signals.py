@@ -298,14 +298,16 @@ class GpuSignals(GpuDiagnosis, Signals):
         which can be the very values this rank's stream awaited from a third rank (W >= 3,
         ranks that disagree on M, a dead rank), so the completion says nothing and the
         results are garbage. Host-visible flags only (a device word: only the peer's own
-        stream writes it)."""
+        stream writes it). A peer's abort word holds ITS newest call, which may be past this
+        rank's newest (it had enqueued more when it gave up): any abort past the first call
+        since the last check counts (a later call would be refused anyway)."""
         first, last = self._checked_epoch, self.epoch
         self._checked_epoch = last
         if not self._host_visible or first == last:
             return
         for peer in range(self.size):
             if peer != self.rank and peer not in self._passive \
-                    and first < self._read(peer, _HEADER["abort"]) <= last:
+                    and self._read(peer, _HEADER["abort"]) > first:
                 error = self.dead_error("a call") or PeerAbortedError(
                     self._aborted_message(peer, "a call this rank completed")
                     + " (its release of its own stream may have completed this rank's; the "
