@@ -128,6 +128,12 @@ def test_passive_peers_pass_every_wait():
     with pytest.raises(ValueError, match="slot 'go'"):
         with s0.call(sig()) as t:
             s0.post("go", t)
+    # a resync with a passive peer lands on the calls made, not on the passive marker,
+    # and the next call takes the number after it
+    assert s0.resync(lambda: None) == 2
+    with s0.call(sig()) as t:
+        assert t == 3
+        s0.wait(1, "ready", t)
 
 
 def test_a_call_refused_for_an_aborted_peer_takes_no_number_so_resync_agrees():

@@ -135,13 +135,13 @@ class Signals(abc.ABC):
                 self.fail(error)
                 raise error
         self.epoch += 1
-        self._sig = sig
-        self._tag = self._make_tag(self.epoch, sig)  # every post/wait of the call uses it
-        if self._host_visible:
-            self._write_header(sig)
-            self._np[self.rank][_HEADER["epoch"]] = self.epoch
-            self._np[self.rank][_HEADER["capturing"]] = 0  # a capture of it has ended
-        try:
+        try:  # from its number on, a failure is the call's: the peers hear of it
+            self._sig = sig
+            self._tag = self._make_tag(self.epoch, sig)  # every post/wait of the call uses it
+            if self._host_visible:
+                self._write_header(sig)
+                self._np[self.rank][_HEADER["epoch"]] = self.epoch
+                self._np[self.rank][_HEADER["capturing"]] = 0  # a capture of it has ended
             yield self.epoch
         except BaseException as e:
             self.fail(e)
@@ -239,8 +239,9 @@ class Signals(abc.ABC):
         collective error. Every rank's epoch jumps to the largest any rank reached, its
         tag rings and abort word are cleared and its fault state too. Returns the epoch."""
         barrier()
+        # a passive peer's done is PASSIVE_EPOCH (set_passive), no call number of any rank
         top = max(max(self._read(p, _HEADER["epoch"]), self._read(p, _HEADER["done"]) & MASK32)
-                  for p in range(self.size))
+                  for p in range(self.size) if p not in self._passive)
         top = max(top, self.epoch)
         vendor = max(self._read(p, _HEADER["vendor"]) for p in range(self.size))
         barrier()  # every rank has read every word before any rank rewrites its own
