@@ -19,11 +19,14 @@ call it belongs to, and a rank that cannot prove its peers are in the same call 
 - **Fault state.** After any such error a backend refuses every call with
   :class:`ResyncRequiredError` until ``resync()`` (collective) has run on every rank.
 
-What no protocol can see: a rank that SKIPS a call (it raised before entering it) and
-makes its next call of the same signature within the spin bound is indistinguishable
-from a late rank making the skipped call: both carry the same number and shape. The
-op's key (M, K) catches a skip across linears of different shapes (o_proj then
-down_proj); a skip between two calls of one shape is caught only when the peer's
+A call the backend itself refuses before numbering it (its arguments: a bad slice,
+rows beyond capacity) and a call from a second thread fault the rank the same way
+(``Backend.checking_call``, ``OverlapRuntime.one_call_at_a_time``), so the peer that
+made it raises. What no protocol can see: a rank that SKIPS a call because its caller
+raised before reaching it, and makes its next call of the same signature within the
+spin bound, is indistinguishable from a late rank making the skipped call: both carry
+the same number and shape. The layer's number in the signature catches a skip across
+layers; a skip between two calls of one layer and shape is caught only when the peer's
 wait expires first. After an exception in a forward pass, call ``resync()`` on every
 rank before serving again.
 """

@@ -141,10 +141,46 @@ def two_threads_job(world: World, backend: str, timeout_ms: float) -> dict:
     return _resync_and_good_call(rt, world, res)
 
 
+def _backend_call(be, x: torch.Tensor, out: torch.Tensor) -> dict:
+    """One all_reduce on the backend itself: {} or the error's type and message."""
+    try:
+        be.all_reduce(x, out)
+        be.check()
+        return {}
+    except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
+        return {"error": type(e).__name__, "message": str(e)}
+
+
+def refused_arguments_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """Rank 0's call is refused for its arguments (an fp16 out for a bf16 slice) before it
+    takes a number; rank 1 makes the call. Then both make one more, resync and a good one."""
+    rt = _runtime(world, backend, timeout_ms)
+    be = rt.backend
+    x = torch.randn(8, N).to(torch.bfloat16).to(world.device)
+    bad = torch.empty(8, N, dtype=torch.float16 if world.rank == 0 else torch.bfloat16,
+                      device=world.device)
+    res = {"calls": [_backend_call(be, x, bad)]}
+    dist.barrier(group=world.group)
+    res["calls"].append(_backend_call(be, x, torch.empty_like(x)))
+    return _resync_and_good_call(rt, world, res)
+
+
+def in_place_job(world: World, backend: str) -> dict:
+    """Every rank sums one call into the input view it acquired (out = slice_in, the
+    peer-visible buffer): refused for one-shot sdma where peers read that buffer, on every
+    rank alike; then resync and a good call."""
+    rt = _runtime(world, backend, 2000.0)
+    be = rt.backend
+    view = be.acquire_input_view(8, N, torch.bfloat16)
+    view.copy_(torch.randn(8, N).to(torch.bfloat16))
+    res = {"calls": [_backend_call(be, view, view)]}
+    return _resync_and_good_call(rt, world, res)
+
+
 def failed_growth_job(world: World, backend: str) -> dict:
     """Every rank's growth fails (its peer-memory allocation raises, as a killed peer or a
     full /dev/shm would make it): the backend must hold no buffers, refuse a call with a
-    clear error, and grow and work again afterwards."""
+    clear error (which faults it: refused until resync), and grow and work again after resync."""
     rt = _runtime(world, backend, 1000.0)
     be, memory = rt.backend, world.memory
     allocate = memory.allocate
@@ -161,6 +197,9 @@ def failed_growth_job(world: World, backend: str) -> dict:
     finally:
         memory.allocate = allocate
     res["capacity"] = be.capacity
+    # every rank's growth is over before any rank's refused call faults it (a peer still
+    # quiescing for its growth would read the abort word and raise there)
+    dist.barrier(group=world.group)
     x = torch.randn(8, N).to(torch.bfloat16)
     try:
         be.all_reduce(x, x.clone())
@@ -168,6 +207,11 @@ def failed_growth_job(world: World, backend: str) -> dict:
     except ValueError as e:
         res["call"] = str(e)
     dist.barrier(group=world.group)
+    # the refused call took no number on this rank: it faulted it, so a peer that made the
+    # call hears of it, and every call is refused until resync
+    res["before_resync"] = _call(rt, world, 64, 32, seed=11)
+    dist.barrier(group=world.group)
+    rt.backend.resync()
     res["after"] = _call(rt, world, 64, 32, seed=11)
     rt.close()
     return res

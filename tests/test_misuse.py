@@ -90,11 +90,32 @@ def test_a_second_thread_is_refused_and_every_rank_raises_until_resync(pool, bac
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_call_refused_for_its_arguments_raises_on_every_rank(pool, backend):
+    """A call the backend refuses before numbering it is a skipped call: the rank faults,
+    so the peer that made it raises (not pairing it with the next), and the refusing rank's
+    next call is refused until resync."""
+    res = pool.run(misuse_jobs.refused_arguments_job, backend, BOUND_MS)
+    assert res[0]["calls"][0]["error"] in ("TypeError", "ValueError"), res[0]["calls"][0]
+    assert res[1]["calls"][0].get("error") in COLLECTIVE_ERRORS, res[1]["calls"][0]
+    assert res[0]["calls"][1]["error"] == "ResyncRequiredError", res[0]["calls"][1]
+    world_jobs.assert_right_on_every_rank([r["after_resync"] for r in res])
+
+
+def test_one_shot_sdma_into_its_own_peer_visible_input_is_refused(pool):
+    res = pool.run(misuse_jobs.in_place_job, "sdma")
+    for r in res:
+        assert r["calls"][0]["error"] == "ValueError", r["calls"][0]
+        assert "out lies in the peer-visible input buffer" in r["calls"][0]["message"]
+    world_jobs.assert_right_on_every_rank([r["after_resync"] for r in res])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_failed_growth_leaves_no_buffers_a_clear_error_and_can_grow_again(pool, backend):
     res = pool.run(misuse_jobs.failed_growth_job, backend)
     for rank, r in enumerate(res):
         assert r["growth"].startswith("no space"), (rank, r["growth"])
         assert r["capacity"] == 0, (rank, r["capacity"])
         assert "call ensure_capacity first" in r["call"], (rank, r["call"])
+        assert r["before_resync"]["error"] == "ResyncRequiredError", (rank, r["before_resync"])
         after = r["after"]
         assert "error" not in after and after["rel"] <= after["bound"], (rank, after)

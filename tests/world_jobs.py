@@ -213,10 +213,11 @@ BAD_SLICES = [
 
 def bad_slices_job(world: World, backend: str) -> dict:
     """Every rank makes each bad call of ``BAD_SLICES`` (and, for a backend with buffers,
-    one over its capacity): each must raise, leave the poisoned ``out`` and the input
-    untouched, and move neither the call numbering nor any flag (every rank making the
-    same bad calls would stay in step even if one did, so that is checked directly);
-    then a good call must be right."""
+    one over its capacity): each must raise its own error (also once an earlier one
+    faulted the rank), leave the poisoned ``out`` and the input untouched, and move
+    neither the call numbering nor a step's flag (every rank making the same bad calls
+    would stay in step even if one did, so that is checked directly). A refused call faults the rank (Backend.checking_call:
+    a peer that made it hears of it), so after a resync a good call must be right."""
     from radiance_ar import backends
 
     reason = backends.get(backend).unsupported_reason(world)
@@ -258,6 +259,7 @@ def bad_slices_job(world: World, backend: str) -> dict:
         if protocol() != before_protocol:
             errors[label] = f"moved the epoch or a flag: {before_protocol} -> {protocol()}"
     world.memory.barrier()  # no rank's good call below may post while a peer still checks
+    be.resync()
     res = {"errors": errors, "out": good_call(be, world, seed=5, rows=rows, cols=cols),
            "ref": inputs_sum(5, world.size, rows, cols), "bound": be.rel_rms_bound}
     be.close()

@@ -219,6 +219,24 @@ class Backend(abc.ABC):
         backend whose waits are inline (CPU worlds) or bounded by the vendor collective
         has nothing to wait for here."""
 
+    @contextlib.contextmanager
+    def checking_call(self) -> Iterator[None]:
+        """Around a call's checks of its arguments, before it takes a number: one that fails
+        skips the call on this rank, so it faults the rank as a failed call does
+        (:meth:`fault`): a peer that makes the call raises instead of pairing it with this
+        rank's next, and this rank's calls are refused until :meth:`resync`."""
+        try:
+            yield
+        except Exception as e:
+            self.fault(e)
+            raise
+
+    def fault(self, error: BaseException) -> None:
+        """Enter the fault state after ``error``: calls refused until :meth:`resync`, and
+        the peers told where the flags carry an abort word (``signals.fail``)."""
+        if self.signals is not None:
+            self.signals.fail(error)
+
     def resync(self) -> None:
         """Collective, after a :class:`~radiance_ar.transport.signals.PeerTimeoutError` on any rank and
         with no call in flight: put every rank's call numbering back in step, so that the

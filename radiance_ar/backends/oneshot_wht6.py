@@ -164,18 +164,21 @@ class OneshotWht6Backend(Backend):
             self._warm_up(cols, dtype)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
-        check_slice(slice_in, out)
-        rows, cols = slice_in.shape
-        _check_cols("oneshot_wht6.all_reduce", cols)
+        with self.checking_call():
+            check_slice(slice_in, out)
+            rows, cols = slice_in.shape
+            _check_cols("oneshot_wht6.all_reduce", cols)
         if self.world.size == 1 or rows * cols == 0:
             if self.world.size == 1 and out.data_ptr() != slice_in.data_ptr():
                 out.copy_(slice_in)
             return
-        self.faults.refuse_if_faulted()
         nbytes = rows * kernel.payload_bytes_per_row(cols)
-        if nbytes > self.capacity:
-            raise ValueError(f"oneshot_wht6.all_reduce: {rows}x{cols} needs a {nbytes} B payload "
-                             f"region, capacity is {self.capacity} B: call ensure_capacity first")
+        with self.checking_call():
+            if nbytes > self.capacity:
+                raise ValueError(f"oneshot_wht6.all_reduce: {rows}x{cols} needs a {nbytes} B "
+                                 f"payload region, capacity is {self.capacity} B: call "
+                                 "ensure_capacity first")
+        self.faults.refuse_if_faulted()
         if self.gpu:
             self._all_reduce_gpu(slice_in, out)
         else:
@@ -357,6 +360,12 @@ class OneshotWht6Backend(Backend):
                 f"RADIANCE_AR_ONESHOT_CTAS). {after}")
         self.faults.record(error)
         raise error
+
+    def fault(self, error: BaseException) -> None:
+        if self.signals is not None:
+            self.signals.fail(error)
+        else:  # GPU: the kernel's flags carry no abort word; peers meet their spin bound
+            self.faults.record(error)
 
     def _all_reduce_cpu(self, slice_in: torch.Tensor, out: torch.Tensor, nbytes: int) -> None:
         rows, cols = slice_in.shape

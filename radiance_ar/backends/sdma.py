@@ -94,9 +94,10 @@ class SdmaBackend(TransportBackend):
     def acquire_input_view(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         need = rows * cols * dtype.itemsize
         tr = self.transport
-        if need > tr.capacity:
-            raise ValueError(f"sdma.acquire_input_view: {rows}x{cols} {dtype} needs {need} B, capacity "
-                             f"is {tr.capacity} B: call ensure_capacity first")
+        with self.checking_call():
+            if need > tr.capacity:
+                raise ValueError(f"sdma.acquire_input_view: {rows}x{cols} {dtype} needs {need} "
+                                 f"B, capacity is {tr.capacity} B: call ensure_capacity first")
         if self.signals is not None:
             self.signals.refuse_if_faulted()
             try:
@@ -108,13 +109,16 @@ class SdmaBackend(TransportBackend):
         return typed_view(tr.buffers.source("pub"), rows, cols, dtype)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
-        check_slice(slice_in, out)
+        with self.checking_call():
+            check_slice(slice_in, out)
         if self.world.size == 1:
             copy_unless_same(slice_in, out)
             return
         tr = self.transport
-        nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
-        off, staged = self._placement(slice_in)
+        with self.checking_call():
+            nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
+            off, staged = self._placement(slice_in)
+            self._check_out(out, nbytes)
         local, out_addr = slice_in.data_ptr(), out.data_ptr()
         footprint = Footprint(off, off + nbytes, local, local + nbytes, out_addr, out_addr + nbytes)
         with tr.call_stream() as caller, self.signals.call(self.signature(slice_in)) as t, \
@@ -179,6 +183,21 @@ class SdmaBackend(TransportBackend):
         if inside and off % slice_in.element_size():
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
         return (off, tr.buffers.staged) if inside else (0, True)  # host buffers: the D2H publish
+
+    def _check_out(self, out: torch.Tensor, nbytes: int) -> None:
+        """One-shot sums into ``out`` right after its pulls, while peers may still be
+        pulling this rank's bytes of ``pub``: ``out`` may not lie in the peer-visible
+        ``pub`` (an in-place call on :meth:`acquire_input_view`'s view would hand a peer the
+        sum instead of the slice). Two-shot waits for the peers' pulls first, and where the
+        buffers are host memory ``out`` can only lie in the private stage."""
+        pub = self.transport.buffers.pub.local
+        lo, hi = pub.data_ptr(), pub.data_ptr() + pub.numel()
+        start = out.data_ptr()
+        if (self.schedule_for(nbytes) == "oneshot" and out.device == pub.device
+                and start < hi and lo < start + nbytes):
+            raise ValueError(f"{self.name}.all_reduce: out lies in the peer-visible input buffer, "
+                             "which peers still read while a one-shot call sums into it; give "
+                             "an out of its own")
 
     def _publish(self, t: int, off: int, staged: bool, addr: int, nbytes: int,
                  stream: int) -> None:
