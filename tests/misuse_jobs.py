@@ -173,6 +173,9 @@ def in_place_job(world: World, backend: str) -> dict:
     be = rt.backend
     view = be.acquire_input_view(8, N, torch.bfloat16)
     view.copy_(torch.randn(8, N).to(torch.bfloat16))
+    # every rank past its acquire's fence before any rank's refusal faults it (a peer still
+    # fencing would read the abort word and raise there)
+    dist.barrier(group=world.group)
     res = {"calls": [_backend_call(be, view, view)]}
     return _resync_and_good_call(rt, world, res)
 
