@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import world_jobs
+from markers import FP8_ON_CPU
 from interpreter import run_under_interpreter
 from radiance_ar import overlap
 from radiance_ar.backends.sdma import SdmaBackend
@@ -312,3 +313,24 @@ def test_the_op_runs_a_callers_capture_as_one_round_and_holds_its_scratch(monkey
     rt.close()  # what the graph holds is kept, not freed
     assert [type(k).__name__ for k in buffers._kept] == ["Tensor", "ScratchPool",
                                                          "OneshotWht6Backend"]
+
+
+@FP8_ON_CPU
+def test_a_decode_call_in_a_callers_capture_holds_the_scratch_it_used(monkeypatch):
+    """The decode path (M below min_m) of an fp8 producer quantizes x into a scratch buffer,
+    whose address a caller's graph replays: a capture of it holds the pool, so a later
+    eager call that grows the buffer keeps the captured one instead of freeing it."""
+    rt = overlap.build(single_world("cpu"), OverlapSettings(True, "stock", 64, 2))
+    monkeypatch.setattr(buffers, "_kept", [])  # what this test keeps, and only that
+    x, w = world_jobs.shard(0, 0, 8, 256, 32)
+    w_scale = (w.float().abs().amax(dim=1) / 448.0).clamp_min(1e-12)
+    w8 = (w.float() / w_scale[:, None]).to(torch.float8_e4m3fn)
+    monkeypatch.setattr(op, "capturing", lambda x_: True)  # the capture itself, stood for
+    op.forward(rt, x, w8, w_scale, "fp8_rowwise")
+    assert rt.scratch.held
+    monkeypatch.setattr(op, "capturing", lambda x_: False)
+    big, _ = world_jobs.shard(1, 0, 48, 256, 32)
+    growths = rt.scratch.growths
+    op.forward(rt, big, w8, w_scale, "fp8_rowwise")
+    assert rt.scratch.growths > growths and buffers._kept  # the captured buffer kept
+    rt.close()

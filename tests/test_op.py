@@ -5,6 +5,8 @@ import contextlib
 import pytest
 import torch
 
+from markers import FP8_ON_CPU
+
 from radiance_ar import overlap
 import world_jobs
 from radiance_ar.transport.world import single_world
@@ -100,9 +102,6 @@ def test_unknown_producer_lists_the_registered_ones(stock_runtime):
         torch.ops.radiance.linear_ar(x, w, None, "mxfp4")
 
 
-FP8_ON_CPU = pytest.mark.skipif(
-    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
-    reason="fp8 torch._scaled_mm on the CPU needs torch >= 2.13")
 
 
 @FP8_ON_CPU
@@ -388,3 +387,35 @@ def test_a_call_from_another_stream_first_waits_for_the_last_calls_stream(monkey
     assert log == [(0x20, 0x10)] and rt._last_stream == 0x20
     call(0x10)
     assert log == [(0x20, 0x10), (0x10, 0x20)]
+
+
+def test_the_scratch_pool_allocates_on_its_own_stream(monkeypatch):
+    """ScratchPool on a GPU (stand-ins here): every buffer is allocated while the pool's
+    own dedicated stream is current (a dropped one's bytes go back to that stream only),
+    one stream per device, made at the first growth."""
+    from radiance_ar.overlap import scratch
+
+    current, made, allocated = [None], [], []
+
+    @contextlib.contextmanager
+    def stream(s):
+        before, current[0] = current[0], s
+        yield
+        current[0] = before
+
+    def empty(n, dtype, device):
+        allocated.append(current[0])
+        return torch.zeros(n, dtype=dtype)
+
+    monkeypatch.setattr(scratch, "dedicated_stream", lambda device: made.append(device) or
+                        f"own stream of {device}")
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    pool = scratch.ScratchPool()
+    gpu = torch.device("cuda", 0)
+    pool.get("gemm_out", (4, 8), torch.bfloat16, gpu)
+    pool.get("gemm_out", (64, 8), torch.bfloat16, gpu)  # a growth
+    pool.get("x_fp8", (4, 8), torch.float8_e4m3fn, gpu)
+    assert allocated == ["own stream of cuda:0"] * 3 and made == [gpu]
+    assert current[0] is None  # the caller's stream is current again

@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from markers import FP8_ON_CPU
+
 from radiance_ar import overlap
 import world_jobs
 from radiance_ar.transport.world import single_world
@@ -19,9 +21,6 @@ from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.producer_quant import PREFIX, bind_layer, shape_carrier
 
 FP8 = torch.float8_e4m3fn
-FP8_ON_CPU = pytest.mark.skipif(
-    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
-    reason="fp8 torch._scaled_mm on the CPU needs torch >= 2.13")
 N, K = 48, 64
 
 

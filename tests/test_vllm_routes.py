@@ -10,6 +10,8 @@ import types
 import pytest
 import torch
 
+from markers import FP8_ON_CPU
+
 from radiance_ar import overlap
 from radiance_ar.transport.world import single_world
 from radiance_ar.overlap import vllm_install as vi
@@ -18,9 +20,6 @@ from radiance_ar.overlap.config import OverlapSettings
 from vllm_stand_ins import StandIn
 
 FP8 = torch.float8_e4m3fn
-FP8_ON_CPU = pytest.mark.skipif(
-    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
-    reason="fp8 torch._scaled_mm on the CPU needs torch >= 2.13")
 PER_TOKEN, PER_TENSOR, PER_CHANNEL, GROUP_128 = (1, -1), (-1, -1), (-1, 1), (1, 128)
 
 

@@ -39,7 +39,7 @@ import torch
 
 from radiance_ar.call_contract import CallSignature, CollectiveError
 from radiance_ar.overlap import producers
-from radiance_ar.overlap.plan import CallPlan, in_caller_capture
+from radiance_ar.overlap.plan import CallPlan, capturing, in_caller_capture
 from radiance_ar.overlap.producers import Producer
 from radiance_ar.overlap.runtime import OverlapRuntime, current
 
@@ -89,6 +89,8 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         plan = CallPlan.for_call(rt, prod, x, weight)
         out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
         plan.run(rt, prod, x, weight, weight_scale, out)
+        if capturing(x):  # a caller's graph replays the scratch it used (a producer's
+            rt.scratch.held = True  # quantized activation): a growth keeps, never frees, it
         return out
     in_capture = in_caller_capture(rt, x)  # raises where the backend may not run there
     # everything a sliced call's plan, graph and signature depend on (the layer's number

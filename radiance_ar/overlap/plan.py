@@ -61,11 +61,16 @@ def input_view(backend: Backend, rows: int, cols: int, dtype: torch.dtype,
     return otherwise()
 
 
+def capturing(x: torch.Tensor) -> bool:
+    """Whether ``x``'s (current) stream is capturing a caller's CUDA graph."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def in_caller_capture(rt: Any, x: torch.Tensor) -> bool:
     """Whether ``x``'s stream is capturing a caller's CUDA graph, for a sliced call; raises
     ``RuntimeError`` with the reason where the runtime's backend may not run there
     (:meth:`OverlapRuntime.caller_capture_reason`)."""
-    if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not capturing(x):
         return False
     reason = rt.caller_capture_reason()
     if reason is not None:
