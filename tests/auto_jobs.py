@@ -41,7 +41,7 @@ def calls_job(world: World, tuning: str, accuracy: str, ms: list[int]) -> dict:
                     "word": child.backend.tuning_word})
     dist.barrier(group=world.group)
     rt.close()
-    return {"calls": out, "word": rt.auto.word}
+    return {"calls": out, "word": rt.auto.word, "usable": rt.auto.usable}
 
 
 def disagree_job(world: World, tunings: list[str], accuracies: list[str]) -> dict:

@@ -3,8 +3,8 @@ under auto in a CPU world, ranks that would choose differently, the vLLM summary
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import os
 
 import pytest
@@ -42,12 +42,28 @@ def table_file(tmp_path):
     return path
 
 
+def nearer(a, b, M):
+    """-1 if a is nearer M than b by ratio, 1 if b is, a tie to the smaller: in integers,
+    max(a, M) / min(a, M) against max(b, M) / min(b, M) cross-multiplied."""
+    lhs, rhs = max(a, M) * min(b, M), max(b, M) * min(a, M)
+    return -1 if lhs < rhs or (lhs == rhs and a < b) else 1
+
+
 def reference_choice(rows, M, classes):
-    """Independent of tuning.choose: nearest measured M by |log|, then the least time."""
+    """Independent of tuning.choose: nearest measured M by ratio, then the least time."""
     pool = [r for r in rows if r["correct"] and tuning.accuracy_class(r["backend"]) in classes]
     ms = sorted({r["M"] for r in pool})
-    best_m = min(ms, key=lambda m: (abs(math.log(m) - math.log(M)), m))
+    best_m = sorted(ms, key=functools.cmp_to_key(lambda a, b: nearer(a, b, M)))[0]
     return min((r for r in pool if r["M"] == best_m), key=lambda r: r["t_ms"])
+
+
+def test_the_nearest_measured_m_is_by_exact_ratio_and_a_tie_goes_to_the_smaller():
+    # 4 and 9 are as near 6 (6/4 = 9/6); a float |log| picked 9
+    assert tuning._nearest([4, 9], 6) == 4
+    for M in range(1, 400):
+        ms = [3, 8, 27, 50, 128, 200, 333]
+        assert tuning._nearest(ms, M) == sorted(ms, key=functools.cmp_to_key(
+            lambda a, b: nearer(a, b, M)))[0], M
 
 
 @pytest.mark.parametrize("M", [16, 64, 100, 127, 128, 129, 256, 5000])
@@ -263,8 +279,12 @@ def test_a_table_and_an_accuracy_give_a_word_each(table_file, tmp_path):
     other = str(tmp_path / "other.json")
     tuning.dump(other, HEADER, ROWS[:-1])
     words = {t.signature_word("exact"), t.signature_word("quantized"),
-             tuning.load(other).signature_word("exact")}
-    assert len(words) == 3 and all(0 < w < 2 ** 31 for w in words)
+             tuning.load(other).signature_word("exact"),
+             # a rank whose environment cannot run one of the table's backends
+             t.signature_word("exact", ["sdma"]), t.signature_word("exact", ["sdma", "stock"])}
+    assert len(words) == 5 and all(0 < w < 2 ** 31 for w in words)
+    assert t.signature_word("exact", ["stock", "sdma"]) == t.signature_word("exact",
+                                                                            ["sdma", "stock"])
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +299,9 @@ def test_the_op_under_auto_runs_each_calls_choice_and_is_right(pool, tmp_path, a
     ms = [64, 100, 8, 256, 64]  # 8: below MIN_M, the decode path
     res = pool.run(auto_jobs.calls_job, path, accuracy, ms)
     classes = ("exact",) if accuracy == "exact" else ("exact", "quantized")
-    assert res[0]["word"] == res[1]["word"] == tuning.load(path).signature_word(accuracy)
+    usable = res[0]["usable"]
+    assert usable == res[1]["usable"] and "sdma" in usable  # the table's backends a CPU world runs
+    assert res[0]["word"] == res[1]["word"] == tuning.load(path).signature_word(accuracy, usable)
     for rank in res:
         for call in rank["calls"]:
             assert call["decode"] == (call["M"] < auto_jobs.MIN_M), call
@@ -304,7 +326,7 @@ def test_ranks_that_would_choose_differently_raise_a_mismatch_on_every_rank(pool
     for rank, r in enumerate(res):
         assert r["error"] == "CollectiveMismatchError", (rank, r)
         assert f"RADIANCE_AR_BACKEND=auto: rank {rank} chooses from" in r["message"], r
-        assert f"rank {1 - rank} from another table or accuracy" in r["message"], r
+        assert f"rank {1 - rank} from another table, accuracy or set of usable backends" in r["message"], r
 
 
 def test_where_flags_are_device_memory_the_words_go_through_the_group(pool):
@@ -312,7 +334,7 @@ def test_where_flags_are_device_memory_the_words_go_through_the_group(pool):
     res = pool.run(auto_jobs.group_agreement_job, [7, 9])
     for rank, r in enumerate(res):
         assert r["error"] == "CollectiveMismatchError", r
-        assert f"rank {1 - rank} from another table or accuracy (word {[7, 9][1 - rank]:#010x})" \
+        assert f"rank {1 - rank} from another table, accuracy or set of usable backends (word {[7, 9][1 - rank]:#010x})" \
             in r["message"], r
 
 

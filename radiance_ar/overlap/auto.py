@@ -81,7 +81,11 @@ class AutoChoices:
 
     def __init__(self, world: "World", settings: OverlapSettings, table: tuning.TuningTable):
         self.world, self.settings, self.table = world, settings, table
-        self.word = table.signature_word(settings.accuracy)
+        usable = usable_in(world)
+        #: the backends of the table this rank can run: ranks whose environments differ
+        #: (bindings, Triton) would choose differently, so they go into the word
+        self.usable = sorted({r.backend for r in table.rows if usable(r.backend)})
+        self.word = table.signature_word(settings.accuracy, self.usable)
         self._choices: dict[tuple[int, int, str], tuning.Choice] = {}
         self._children: dict[tuple[str, int, str], "OverlapRuntime"] = {}
         self._agreed = False
@@ -137,8 +141,10 @@ class AutoChoices:
             f"RADIANCE_AR_BACKEND=auto: rank {self.world.rank} chooses from "
             f"{self.table.describe()} with RADIANCE_AR_ACCURACY={self.settings.accuracy} "
             f"(word {self.word:#010x}); " + ", ".join(
-                f"rank {r} from another table or accuracy (word {w:#010x})" for r, w in theirs)
-            + "; every rank must load the same RADIANCE_AR_TUNING and RADIANCE_AR_ACCURACY"
+                f"rank {r} from another table, accuracy or set of usable backends (word "
+                f"{w:#010x})" for r, w in theirs)
+            + f" (usable here: {', '.join(self.usable)}); every rank must load the same "
+            "RADIANCE_AR_TUNING and RADIANCE_AR_ACCURACY, with the same backends usable"
             + cause)
 
     def _other_words(self, backend) -> list[tuple[int, int]]:

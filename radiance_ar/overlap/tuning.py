@@ -44,7 +44,8 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from fractions import Fraction
+from typing import Any, Callable, Iterable
 
 from radiance_ar import backends
 from radiance_ar.envs import ACCURACY_CLASSES, OVERLAP_PLANS
@@ -174,10 +175,12 @@ class TuningTable:
         where = "the table shipped with radiance-ar" if self.shipped else f"tuning file {self.path}"
         return f"{where} (measured on {self.device}, {self.world}, {self.measured_at})"
 
-    def signature_word(self, accuracy: str) -> int:
-        """A positive 31-bit number for ``CallSignature.tuning``: the table and the
-        accuracy class asked for (both decide every choice)."""
-        h = hashlib.sha256(f"{self.digest}/{accuracy}".encode()).digest()
+    def signature_word(self, accuracy: str, usable: Iterable[str] = ()) -> int:
+        """A positive 31-bit number for ``CallSignature.tuning``: the table, the accuracy
+        class asked for and the backends this rank can run (``usable``: their gates pass
+        here, which may differ between ranks' environments), which decide every choice."""
+        h = hashlib.sha256(f"{self.digest}/{accuracy}/{','.join(sorted(usable))}"
+                           .encode()).digest()
         return (int.from_bytes(h[:4], "little") >> 1) or 1
 
 
@@ -270,7 +273,9 @@ def dump(path: str, header: dict, rows: list[dict]) -> None:
 
 
 def _nearest(measured: list[int], m: int) -> int:
-    return min(measured, key=lambda x: (abs(math.log(x / m)), x))
+    """The measured M nearest ``m`` by ratio (exact: 4 and 9 are as near 6), the smaller
+    of a tie."""
+    return min(measured, key=lambda x: (Fraction(max(x, m), min(x, m)), x))
 
 
 def choose(table: TuningTable, W: int, N: int, M: int, producer: str, accuracy: str,
