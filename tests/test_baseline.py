@@ -27,10 +27,10 @@ def test_defaults_name_the_vendor_collective_or_the_spin_wait_ar():
 
 def test_the_arm_is_measured_once_at_every_m():
     cases = [Case("sdma", m, 64, 32, s, 1, 0) for m in (64, 128) for s in (1, 4)]
-    out = baseline.with_arm(cases, ("stock", 1))
+    out = baseline.with_arm(cases, ("stock", 1), "uniform")
     extra = out[len(cases):]
     assert [(c.backend, c.rows, c.slices) for c in extra] == [("stock", 64, 1), ("stock", 128, 1)]
-    assert baseline.with_arm(cases, ("sdma", 4)) == cases  # already there
+    assert baseline.with_arm(cases, ("sdma", 4), "uniform") == cases  # already there
 
 
 def test_vs_base_is_the_arms_op_time_over_the_rows_at_the_same_m():
@@ -38,8 +38,20 @@ def test_vs_base_is_the_arms_op_time_over_the_rows_at_the_same_m():
                {"backend": "sdma", "slices": 4, "M": 8, "t_ovl_ms": 1.0},
                {"backend": "sdma", "slices": 4, "M": 16, "t_ovl_ms": 3.0},
                {"backend": "sdma", "slices": 1, "M": 8}]
-    baseline.add_vs_base(records, ("oneshot_wht6", 1))
+    baseline.add_vs_base(records, ("oneshot_wht6", 1), "uniform")
     assert [r["vs_base"] for r in records] == [1.0, 2.0, None, None]
+
+
+def test_a_sliced_arm_is_the_one_of_the_runs_first_plan():
+    # --baseline sdma:4 --plans uniform,growing: the base is the uniform arm, whichever
+    # record comes last
+    records = [{"backend": "sdma", "slices": 4, "plan": "uniform", "M": 8, "t_ovl_ms": 1.0},
+               {"backend": "sdma", "slices": 4, "plan": "growing", "M": 8, "t_ovl_ms": 2.0}]
+    baseline.add_vs_base(records, ("sdma", 4), "uniform")
+    assert [r["vs_base"] for r in records] == [1.0, 0.5]
+    cases = [Case("sdma", 8, 64, 32, 4, 1, 0, plan="growing")]
+    extra = baseline.with_arm(cases, ("sdma", 4), "uniform")[1:]
+    assert [(c.backend, c.slices, c.plan) for c in extra] == [("sdma", 4, "uniform")]
 
 
 def test_a_cpu_run_measures_the_arm_and_names_it(tmp_path):

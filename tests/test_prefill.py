@@ -255,6 +255,9 @@ def test_cli_cpu_run_writes_results_and_bad_inputs_give_rc_2(tmp_path, capsys):
     assert prefill_bench.main(["--mode", "cpu", "--config", str(tmp_path / "no.json"),
                                "--tp", "2", "--out-dir", str(out)]) == 2
     assert f"{tmp_path / 'no.json'}: cannot read the config" in capsys.readouterr().err
+    # a process world times stock's off arm only: another base has nothing to stand on
+    assert prefill_bench.main(["--mode", "cpu", "--baseline", "sdma", "--out-dir", str(out)]) == 2
+    assert "--baseline sdma: a cpu world times one off arm, stock's" in capsys.readouterr().err
 
 
 def timed_record(arm, backend, prefill_ms, **extra):

@@ -381,3 +381,38 @@ def test_graph_costs_refuses_worlds_and_backends_without_graphs_of_their_own(arg
     with pytest.raises(SystemExit) as stop:
         graph_costs.main(argv)
     assert stop.value.code == 2 and "--world must be >= 2" in capsys.readouterr().err
+
+
+def test_the_ops_wire_bytes_sum_its_slices_each_under_its_own_schedule():
+    """W = 4, 128 x 4096 bf16 (1 MiB): unsliced, sdma's auto takes two-shot (1.5 MiB per
+    rank); in 4 slices of 256 KiB each slice takes one-shot (3 MiB in all), which is what the
+    transport pulls (a CPU world's pulled_bytes showed both figures)."""
+    import types
+
+    from radiance_ar.backends.sdma import SdmaBackend
+    from world_measure import Case, op_wire_bytes
+
+    sdma = types.SimpleNamespace(schedule="auto")
+    sdma.wire_bytes = types.MethodType(SdmaBackend.wire_bytes, sdma)
+    case = Case("sdma", 128, 4096, 64, 4, 1, 0)
+    assert sdma.wire_bytes(128 * 4096, 4, 2) == 1_572_864
+    assert op_wire_bytes(sdma, case, 4, 4, 2) == 3_145_728
+    assert op_wire_bytes(sdma, case, 1, 4, 2) == 1_572_864
+
+
+def test_every_tool_module_defines_each_top_level_function_once():
+    """A second definition silently replaces the first (gpu_timing.median_ms was defined
+    twice, so contention_breakdown called the wrong one and crashed)."""
+    import ast
+    import glob
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = glob.glob(os.path.join(here, "..", "tools", "*.py")) + glob.glob(
+        os.path.join(here, "..", "radiance_ar", "**", "*.py"), recursive=True)
+    twice = []
+    for path in paths:
+        with open(path) as f:
+            names = [n.name for n in ast.parse(f.read()).body
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        twice += [f"{os.path.relpath(path, here)}: {n}" for n in set(names) if names.count(n) > 1]
+    assert not twice, twice

@@ -1,7 +1,9 @@
 """One baseline for every row of a comparison (column ``vs base``).
 
-Each row's ``speedup`` is against that backend's OWN serial run (GEMM, then its unsliced
-AR), so rows of different backends cannot be compared by it. ``vs base`` compares every
+Each row's ``speedup`` is against its serial run: where ranks share a GPU (emulated, or
+torchrun ranks sharing one), GEMM then that backend's OWN unsliced AR; under torchrun, one
+GPU per rank, GEMM then stock's (the vendor collective). Rows of different backends cannot
+be compared by it in the first case. ``vs base`` compares every
 row's overlapped op time with ONE arm's, at the same M and producer::
 
     vs_base = t_ovl_ms(baseline arm, M) / t_ovl_ms(row)        # > 1: faster than the base
@@ -17,6 +19,7 @@ import dataclasses
 from typing import Callable, Hashable, Iterable
 
 from radiance_ar import backends
+from radiance_ar.envs import OVERLAP_PLANS
 from radiance_ar.overlap import tuning
 
 def parse_arm(text: str) -> tuple[str, int]:
@@ -45,27 +48,36 @@ def default_backend(world_kind: str) -> str:
     return default_arm(world_kind)[0][0]
 
 
-def with_arm(cases: list, arm: tuple[str, int]) -> list:
+def is_arm(backend: str, slices: int, plan: str, arm: tuple[str, int], arm_plan: str) -> bool:
+    """Whether a case or record of ``backend``, ``slices`` and ``plan`` is the arm's, cut by
+    ``arm_plan`` (a run's first plan; one slice is every plan's, recorded as the default)."""
+    return (backend, slices) == arm and (slices == 1 or plan == arm_plan)
+
+
+def with_arm(cases: list, arm: tuple[str, int], plan: str) -> list:
     """``cases`` plus the arm's case at every M (and producer) that lacks it: the arm is
-    measured once per M like any other row (``cases``: tools/world_measure.Case)."""
+    measured once per M like any other row, cut by ``plan`` (``cases``:
+    tools/world_measure.Case)."""
     name, slices = arm
-    have = {(c.rows, c.producer) for c in cases
-            if c.backend == name and c.slices == slices and c.plan == cases[0].plan}
+    arm_plan = plan if slices > 1 else OVERLAP_PLANS[0]
+    have = {(c.rows, c.producer) for c in cases if is_arm(c.backend, c.slices, c.plan, arm, plan)}
     extra = []
     for c in cases:
         key = (c.rows, c.producer)
         if key not in have:
             have.add(key)
             extra.append(dataclasses.replace(c, backend=name, slices=slices, timeline=False,
-                                             plan=cases[0].plan, seed=c.rows + slices))
+                                             plan=arm_plan, seed=c.rows + slices))
     return cases + extra
 
 
-def add_vs_base(records: Iterable[dict], arm: tuple[str, int]) -> None:
-    """compare_backends: set ``vs_base`` on every record, the arm's ``t_ovl_ms`` at the
-    same M and producer over the record's (None where either was not timed, e.g. CPU)."""
-    ratio_to_base(records, lambda r: (r.get("backend"), r.get("slices")) == arm, "t_ovl_ms",
-                  lambda r: (r.get("M"), r.get("producer")))
+def add_vs_base(records: Iterable[dict], arm: tuple[str, int], plan: str) -> None:
+    """compare_backends: set ``vs_base`` on every record, the arm's ``t_ovl_ms`` (cut by
+    ``plan`` where sliced) at the same M and producer over the record's (None where either
+    was not timed, e.g. CPU)."""
+    ratio_to_base(records, lambda r: is_arm(r.get("backend"), r.get("slices"), r.get("plan"),
+                                            arm, plan),
+                  "t_ovl_ms", lambda r: (r.get("M"), r.get("producer")))
 
 
 def add_prefill_vs_base(records: Iterable[dict], backend: str) -> None:

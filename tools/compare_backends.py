@@ -22,6 +22,7 @@ Output paths are checked before anything is measured (rc 2 if one cannot be writ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import glob
 import os
@@ -35,7 +36,7 @@ import torch
 from radiance_ar import backends  # noqa: E402
 from radiance_ar import envs  # noqa: E402
 from radiance_ar.overlap import config as overlap_config  # noqa: E402
-from radiance_ar.envs import OVERLAP_PLANS  # noqa: E402
+from radiance_ar.envs import OVERLAP_PLANS, BackendSettings  # noqa: E402
 from radiance_ar.overlap.slicing import slice_count  # noqa: E402
 from radiance_ar.transport.world import World  # noqa: E402
 import baseline  # noqa: E402
@@ -75,7 +76,7 @@ def cases(args: argparse.Namespace, device: str, world_kind: str | None = None,
                                 producer=args.producer, plan=plan,
                                 timeline=args.timeline and device == "gpu"))
     if world_kind is not None and out:
-        out = baseline.with_arm(out, arm_of(args, world_kind)[0])
+        out = baseline.with_arm(out, arm_of(args, world_kind)[0], args.plans[0])
     return out
 
 
@@ -92,6 +93,8 @@ def header(kind: str, label: str, size: int, device: str) -> dict:
             "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+            # what the environment set for every backend (the command alone does not say)
+            "backend_settings": dataclasses.asdict(BackendSettings.from_env()),
             # GPU timing: per-call time of this many calls behind a first one (gpu_timing)
             "calls_per_sample": 1 if kind == "cpu-shm" else gpu_timing.CALLS_PER_SAMPLE}
 
@@ -186,7 +189,7 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
     hdr["producer"] = args.producer
     arm, why = arm_of(args, hdr["world"])
     hdr["vs_base"] = f"{baseline.label(arm)} ({why})"
-    baseline.add_vs_base(records, arm)
+    baseline.add_vs_base(records, arm, args.plans[0])
     if cpu:
         records[:] = [report.without_timings(r) for r in records]
     print(report.table([r for r in records if "skipped" not in r],
@@ -199,7 +202,8 @@ def finish(args: argparse.Namespace, hdr: dict, records: list[dict]) -> None:
             print(f"WRONG {r['backend']} M={r['M']}: rel rms {r['rel_rms_err']:.2e}, identical on "
                   f"ranks: {r['identical_on_ranks']} -- not timed")
     if hdr.get("baseline"):
-        print(f"note: {hdr['baseline']}; every figure is 1 GPU, {hdr['W']} emulated ranks.")
+        print(f"note: {hdr['baseline']}" + (f"; every figure is 1 GPU, {hdr['W']} emulated ranks."
+                                            if hdr["world"] == "gpu-emulated" else "."))
     if not cpu:
         print(f"note: vs base = the op time of {hdr['vs_base']} over each row's, at the same M")
     if cpu:
@@ -269,6 +273,7 @@ def run_torchrun(args: argparse.Namespace) -> tuple[dict, list[dict]] | None:
                               "buffers and flags pre-filled in the shared host memory), as in "
                               "the emulated world; stock (the group's collective) with every "
                               "rank active, time-slicing the GPU (each record's 'timing')")
+    hdr["baseline"] = f"serial = {baseline_of(hdr)}"
     if world.rank == 0:
         print_header(hdr)
         run_probe(args, hdr)

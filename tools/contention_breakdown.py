@@ -13,7 +13,6 @@ the contention of the whole comes from.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import torch
@@ -69,15 +68,18 @@ def main(argv: list[str] | None = None) -> int:
         ar.fill_passive_peers()
         ar_in = input_view(ar, args.m, args.n, torch.bfloat16, lambda: slice_dev)
         parts.append((f"{name} all-reduce", lambda i, ar=ar, ar_in=ar_in: ar.all_reduce(ar_in, y)))
-    alone, _ = gpu_timing.median_ms(gpu_timing.event_times(gemm, args.reps, 3))
-    print(f"1 GPU, {args.world} emulated ranks; GEMM {args.m}x{args.k}x{args.n} alone {alone:.3f} ms")
+    t_gemm = gpu_timing.median_ms(gemm, args.reps, 3)
+    print(f"1 GPU, {args.world} emulated ranks; GEMM {args.m}x{args.k}x{args.n} "
+          f"{t_gemm:.3f} ms back to back; contention as compare_backends measures it (the "
+          "GEMM gated alone against the same beside the part, started at spread phases)")
     for name, fn in parts:
-        t_part, _ = gpu_timing.median_ms(gpu_timing.event_times(fn, 5, 2))
-        calls = max(2, math.ceil(alone / t_part) + 2)
-        with_part, _ = gpu_timing.median_ms(
-            gpu_timing.concurrent_times(gemm, fn, calls, args.reps, 3))
-        print(f"{name:>22}: {t_part:7.3f} ms alone; GEMM beside it {with_part:.3f} ms "
-              f"({with_part / alone:.2f}x)")
+        t_part = gpu_timing.median_ms(fn, 5, 2)
+        rec = gpu_timing.contention_record(
+            gpu_timing.contention_times(gemm, fn, t_gemm, t_part, args.reps, 3))
+        print(f"{name:>22}: {t_part:7.3f} ms alone; GEMM beside it "
+              f"{rec['t_gemm_concurrent_ms']:.3f} ms against {rec['t_gemm_gated_ms']:.3f} "
+              f"({rec['contention']:.2f}x ±{rec['contention_spread']:.2f}, worst phase "
+              f"{rec['contention_max']:.2f}x, {rec['contention_reps']} phases)")
     return 0
 
 

@@ -32,7 +32,7 @@ from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
 from radiance_ar.overlap.plan import input_view
 from radiance_ar.overlap.scratch import ScratchPool
-from world_measure import Case, shard, slice_plan, slice_schedule, time_calls
+from world_measure import Case, op_wire_bytes, shard, slice_plan, slice_schedule, time_calls
 from world_measure import verify as verify_world
 
 
@@ -163,10 +163,12 @@ def time_active_rank(record: dict, case: Case, rt: overlap.OverlapRuntime,
     record.update(gpu_timing.contention_record(gpu_timing.contention_times(
         gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
     record["wire_bytes"] = backend.wire_bytes(case.rows * case.cols, size, y.element_size())
+    record["wire_bytes_op"] = op_wire_bytes(backend, case, case.slices, size, y.element_size())
     # The raw link: H2D copies from pinned host memory of this process (a fresh emulated
     # world, its buffers not the backends'), the copies a pull of host-memory peers makes.
-    gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"],
-                        len(bounds) - 1, case.reps, case.warmup)
+    # the unsliced call's pieces: bus_gbs is the unsliced AR's rate (link module doc)
+    gbs = link.link_gbs(emulated_worlds(size, device)[0], record["wire_bytes"], 1, case.reps,
+                        case.warmup)
     record.update(metrics.derived(times, bounds, record["wire_bytes"], gbs))
     if case.timeline:
         lead = timeline.LEAD_HOST_CALLS * record["t_ovl_host_ms"]

@@ -221,10 +221,6 @@ def contention_record(samples: tuple[list[float], list[float]]) -> dict:
             "contention_reps": len(beside)}
 
 
-def median_ms(samples: list[float]) -> tuple[float, float]:
-    return metrics.median_and_spread(samples)
-
-
 def median_ms(fn: Callable[[int], None], reps: int, warmup: int) -> float:
     """The median device time of ``fn`` in ms (:func:`event_times`)."""
     return metrics.median_and_spread(event_times(fn, reps, warmup))[0]

@@ -7,7 +7,10 @@ link, so ``link_efficiency = bus_gbs / link_gbs`` says how much of the link the 
 The copies imitate the transfer sizes of a sliced one-shot pull (sdma's): per slice,
 one copy from each of the W-1 peers, each of ``wire_bytes / ((W-1) S)`` bytes, all
 back to back on one stream. Other schedules move the same bytes in other pieces; for
-them this is the same bytes in (W-1) S pieces, an approximation.
+them this is the same bytes in (W-1) S pieces, an approximation. The compare tool asks
+for S = 1 whatever the case's slicing: ``bus_gbs`` is the unsliced AR's rate, so its
+copies are the unsliced call's (until 2026-12-05 it asked for the case's S, so rows of
+one M got different ``link_efficiency`` values from one AR time).
 
 - gpu-emulated: the peers' buffers are pinned host memory, so each copy is an H2D copy
   over the host link into device memory (the active rank's pulls; its D2H publish is

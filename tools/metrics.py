@@ -1,6 +1,7 @@
 """The measurement definitions of docs/design.md ('Measurement'), as pure functions (tested on CPU).
 
-    speedup    = T_serial(stock) / T_ovl(b, S)
+    speedup    = T_serial / T_ovl(b, S)    T_serial: GEMM then stock's AR (one GPU per
+                                           rank) or b's own unsliced AR (ranks share a GPU)
     hidden     = (T_gemm + T_ar - T_ovl) / min(T_gemm, T_ar)   1 perfect, 0 none, < 0 worse
     contention = T_gemm while b's AR runs concurrently / T_gemm alone
     bound      = max(T_gemm + T_ar f_last, T_ar + T_gemm f_first)  the pipeline's ideal
@@ -10,7 +11,9 @@
     slice overhead = (T_ar of S back-to-back slice ARs - T_ar unsliced) / S
     link efficiency = bus GB/s / link GB/s                      the AR's share of its raw link
 
-Every T is a median of the same run, in ms. Record keys: ``bound_ms``, ``efficiency``,
+Every T is a median of the same run, in ms; contention alone is a ratio of MEANS over
+its GEMM starts (tools/gpu_timing.contention_record: a median would drop the starts that
+meet the AR's reduce). Record keys: ``bound_ms``, ``efficiency``,
 ``speedup_bound``, ``contention`` and ``contention_spread`` (half its IQR over T_gemm
 alone, >= 20 repeats), ``t_ar_sliced_ms`` and ``slice_overhead_us`` (None where S = 1),
 ``bus_gbs``, ``link_gbs`` (tools/link.py; None on CPU worlds) and ``link_efficiency``.

@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         # every RADIANCE_AR_* setting (the backend, the tuning file), before any rank starts
         overlap_config.from_env()
         kind = world_kind(args)
+        if kind != "emulated" and args.baseline not in (None, "stock"):
+            raise ValueError(f"--baseline {args.baseline}: a {kind} world times one off arm, "
+                             "stock's (the vendor collective); other off arms are timed with "
+                             "emulated ranks (one GPU, no torchrun)")
         spec = make_spec(args, kind)
     except (ValueError, KeyError) as e:
         print(f"prefill_bench: {e}", file=sys.stderr)

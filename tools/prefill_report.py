@@ -11,7 +11,7 @@ keys in the CSV):
 | `vs_base` | every arm: the base backend's off arm's median / this arm's (`--baseline`; default `stock`, in the emulated world the spin-wait `oneshot_wht6`; `mode.vs_base` names it) |
 | `t_<component>_ms` | the component's time summed over layers and chunks (events between components, same repeats) |
 | `t_ar_total_ms`, `ar_share` | off arm: the all-reduce alone at each chunk size x its calls, and its share of the off prefill |
-| `t_hideable_ms`, `ceiling_speedup` | off arm: per RowParallel call min(its GEMM alone, its all-reduce alone), summed; off / (off - hideable) |
+| `t_hideable_ms`, `ceiling_speedup` | off arm: per RowParallel call min(its GEMM alone, its all-reduce alone), summed; off / (off - hideable): the most hiding this off arm's all-reduce can give; an on arm whose all-reduce is faster (a codec) can pass it. "GEMM alone" is the producer's GEMM on inputs prepared outside the timer (an fp8 producer's activation quantize is not in it, unlike compare_backends' `t_gemm_ms`) |
 | `call_rel_rms_max`, `call_bound` | the worst RowParallel call vs the float64 sum of its partials; the backend's bound |
 | `stack_rel_rms_vs_off`, `stack_bound` | on arms: the stack output vs the off arm's; bound x sqrt(2 x layers) |
 | `identical_on_ranks`, `finite`, `correct` | same bits on every rank; no NaN/Inf; every check passed (else not timed) |

@@ -36,8 +36,8 @@ def cell(record: dict, key: str, fmt: str) -> str:
     value = record.get(key)
     if value is None:
         return "-"
-    if fmt == "mib":
-        return f"{value / 2 ** 20:.1f}"
+    if fmt == "mib":  # 0.05 MiB and less: two decimals, not a bare 0.0
+        return f"{value / 2 ** 20:.{1 if value >= 2 ** 20 // 10 else 2}f}"
     if fmt == "us":
         return f"{value * 1000:.0f}"
     if fmt == "ok":

@@ -154,6 +154,15 @@ def slice_schedule(backend, case: Case, slices: int, dtype: torch.dtype) -> str 
     return backend.call_schedule(rows, case.cols, dtype)
 
 
+def op_wire_bytes(backend, case: Case, slices: int, world_size: int, elem_size: int) -> int:
+    """Bytes this rank pulls over the op's slice calls, each under its own schedule (a
+    slice can run one-shot where the whole tensor would run two-shot: twice the bytes at
+    W = 4); ``wire_bytes`` is the unsliced call's, whose time ``t_ar`` is."""
+    bounds = slice_plan(case, slices)
+    return sum(backend.wire_bytes((b - a) * case.cols, world_size, elem_size)
+               for a, b in zip(bounds[:-1], bounds[1:]))
+
+
 def verify(world: World, case: Case, rt: overlap.OverlapRuntime) -> tuple:
     """Collective: one op call of ``case`` on every rank against the float64 reference
     and the other ranks' bits. Returns (the record so far, x, w, the operands, the output)."""
@@ -176,6 +185,8 @@ def verify(world: World, case: Case, rt: overlap.OverlapRuntime) -> tuple:
         "emulated": world.emulated, "uses_cus_while_waiting": backend.uses_compute_units_while_waiting,
     }
     record["schedule"] = slice_schedule(backend, case, record["slices"], out.dtype)
+    record["wire_bytes_op"] = op_wire_bytes(backend, case, record["slices"], world.size,
+                                            out.element_size())
     record["correct"] = bool(rel <= backend.rel_rms_bound and record["identical_on_ranks"])
     return record, x, w, ops, out
 
@@ -213,8 +224,8 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
         world.memory.barrier()
         record.update(gpu_timing.contention_record(gpu_timing.contention_times(
             gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
-        gbs = link.link_gbs(world, record["wire_bytes"], len(bounds) - 1, case.reps,
-                            case.warmup)
+        # the unsliced call's pieces: bus_gbs is the unsliced AR's rate (link module doc)
+        gbs = link.link_gbs(world, record["wire_bytes"], 1, case.reps, case.warmup)
         record.update(metrics.derived(times, bounds, record["wire_bytes"], gbs))
         if case.timeline:
             world.memory.barrier()
