@@ -148,8 +148,9 @@ def test_a_done_post_off_the_call_streams_waits_for_every_unjoined_call(world):
 
 def test_the_reuse_fence_keeps_its_entries_when_it_ran_on_a_call_stream():
     """CopyTransport.fence with stand-ins: a fence on a call stream waits, but later calls
-    may run on the other stream, so the entries stay for their fences; a fence on the
-    caller's stream (which every later call follows) retires them."""
+    may run on the other stream, so the entries stay for their fences until every call
+    stream has waited past them; a fence on the caller's stream (which every later call
+    follows) retires them at once."""
     from radiance_ar.transport.copy_transport import CopyTransport
 
     waits = []
@@ -160,18 +161,31 @@ def test_the_reuse_fence_keeps_its_entries_when_it_ran_on_a_call_stream():
 
     class Streams:
         def is_call_stream(self, stream):
-            return stream == 0x20
+            return stream in (0x20, 0x30)
+
+        def handles(self):
+            return [0x20, 0x30]
 
     class Transport:
         signals, peers, call_streams = Signals(), [1], Streams()
         fence = CopyTransport.fence
 
     tr = Transport()
-    tr._pending = [(1, 0, 100), (2, 100, 200)]
+    tr._pending, tr._fenced_on = [(1, 0, 100), (2, 100, 200)], {}
     tr.fence(0, 150, 0x20)
     assert waits == [(1, "done", 2, 0x20)] and len(tr._pending) == 2
     tr.fence(0, 150, 0x10)
     assert waits[-1] == (1, "done", 2, 0x10) and tr._pending == []
+    # calls on the two call streams only, no fence on the caller's: the entries go once
+    # both streams waited past them (the list stayed bounded by nothing before)
+    tr._pending = [(3, 0, 100), (4, 100, 200)]
+    tr.fence(0, 50, 0x20)  # waits for 3: stream 0x30 has not
+    assert waits[-1] == (1, "done", 3, 0x20) and len(tr._pending) == 2
+    tr.fence(100, 150, 0x30)  # waits for 4: both past 3
+    assert waits[-1] == (1, "done", 4, 0x30) and tr._pending == [(4, 100, 200)]
+    tr._pending.append((5, 0, 100))
+    tr.fence(0, 200, 0x20)  # waits for 5: both past 4
+    assert tr._pending == [(5, 0, 100)]
 
 
 def test_emulated_ranks_get_two_call_streams_only_within_the_hardware_queues():

@@ -66,7 +66,7 @@ from radiance_ar.transport.trace import StepTrace, traced
 from radiance_ar.transport.transport_buffers import TransportBuffers
 from radiance_ar.transport.world import World
 
-MAX_PENDING = 64  # reuse-fence entries kept before the oldest is waited for
+MAX_PENDING = 64  # reuse-fence entries kept before a fence waits for the newest
 BUFFER_ALIGN = 256  # capacity in whole units: every receive slot 16-byte aligned for vectors
 
 
@@ -114,6 +114,8 @@ class CopyTransport:
         self.buffers = TransportBuffers(world, self.engine, self.peers,
                                         reduced=reduced and size > 1, stage_reduced=stage_reduced)
         self._pending: list[tuple[int, int, int]] = []  # (epoch, lo, hi) peers may still read
+        #: call stream -> the newest epoch a fence there waited for (done is cumulative)
+        self._fenced_on: dict[int, int] = {}
         #: bytes this rank pulled from peers' buffers, cumulative (tests compare wire_bytes)
         self.pulled_bytes = 0
         #: resyncs so far: a captured op call of before a resync is captured again, on
@@ -216,11 +218,12 @@ class CopyTransport:
         epoch = max(hits)
         self.signals.wait_all(self.peers, "done", epoch, stream,
                               "the reuse fence (peer still reading)")
-        if not self.call_streams.is_call_stream(stream):
-            # Every later write follows this stream (the caller's or the publish lane):
-            # the entries waited for need no second wait. A call stream's wait orders only
-            # the calls after it on that stream, so there they stay.
-            self._pending = [x for x in self._pending if x[0] > epoch]
+        if self.call_streams.is_call_stream(stream):  # it orders only its own later calls
+            self._fenced_on[stream] = max(epoch, self._fenced_on.get(stream, 0))
+            epoch = min(self._fenced_on.get(h, 0) for h in self.call_streams.handles())
+        # every later write follows (the caller's stream, the publish lane, or every call
+        # stream waited past them): those entries need no second wait
+        self._pending = [x for x in self._pending if x[0] > epoch]
 
     def publish(self, t: int, slot: str, dst_off: int | None, src_addr: int, nbytes: int,
                 stream: int, fence: tuple[int, int] | None = None) -> None:
@@ -366,6 +369,7 @@ class CopyTransport:
             torch.cuda.synchronize(self.world.device)
         self.signals.resync(self.world.memory.barrier)
         self._pending.clear()
+        self._fenced_on.clear()
         self.resyncs += 1  # every peer read before the jump is over (no call in flight)
 
     def start_trace(self) -> StepTrace | None:
