@@ -70,3 +70,26 @@ def group_agreement_job(world: World, words: list[int]) -> dict:
         result = {"error": type(e).__name__, "message": str(e)}
     rt.close()
     return result
+
+
+def mixed_paths_job(world: World, tuning: str) -> dict:
+    """Under auto, rank 1's call is below MIN_M (the decode path: the vendor all-reduce,
+    announced on the parent's flags) while rank 0 slices the same call (on a child's)."""
+    import time
+
+    rt = overlap.build(world, _auto(tuning))
+    x, w = shard(3, world.rank, 64, N, K)
+    overlap.forward(rt, x, w, None, "bf16")  # the child built and agreed on every rank
+    dist.barrier(group=world.group)
+    rows = 64 if world.rank == 0 else MIN_M // 2
+    x, w = shard(4, world.rank, rows, N, K)
+    start = time.monotonic()
+    try:
+        overlap.forward(rt, x, w, None, "bf16")
+        result = {"error": None}
+    except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
+        result = {"error": type(e).__name__, "message": str(e)}
+    result["seconds"] = time.monotonic() - start
+    dist.barrier(group=world.group)
+    rt.close()
+    return result

@@ -364,3 +364,16 @@ def test_without_a_tuning_file_auto_says_once_that_the_table_was_not_measured_he
     assert len(lines) == 1, lines
     assert "not measured on this machine (cpu)" in lines[0]
     assert "the table shipped with radiance-ar (measured on NVIDIA H200" in lines[0]
+
+
+def test_a_peer_in_the_vendor_call_is_released_and_raises_under_auto(pool, tmp_path):
+    """The decode rank announces its vendor call on the parent's flags; the slicing rank's
+    child gives up after its bound, sets the parent's abort word and joins the vendor call
+    with NaN: both raise within seconds, not the collective's timeout, and no NaN result is
+    served."""
+    path = str(tmp_path / "tuning.json")
+    tuning.dump(path, HEADER, ROWS)
+    res = pool.run(auto_jobs.mixed_paths_job, path)
+    assert res[0]["error"] in ("PeerTimeoutError", "CollectiveMismatchError"), res[0]
+    assert res[1]["error"] == "PeerAbortedError", res[1]
+    assert max(r["seconds"] for r in res) < 10.0, res

@@ -79,8 +79,12 @@ def forward(rt: OverlapRuntime, x: torch.Tensor, weight: torch.Tensor,
         raise ValueError(f"radiance::linear_ar: x is on {x.device}, this rank's device is "
                          f"{rt.world.device}")
     with rt.one_call_at_a_time():
-        return _forward(rt.for_call(x.shape[0], weight.shape[0], prod.name), prod, x, weight,
-                        weight_scale)
+        call_rt = rt.for_call(x.shape[0], weight.shape[0], prod.name)
+        try:
+            return _forward(call_rt, prod, x, weight, weight_scale)
+        except CollectiveError as e:
+            _release_peer_in_vendor_call(call_rt, rt, e)
+            raise
 
 
 def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.Tensor,
@@ -110,20 +114,16 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         plan.set_call_key(backend)
         plan.run(rt, prod, x_in, weight, weight_scale, out)
 
-    try:
-        graphs = None if in_capture else rt.graphs()
-        if graphs is None:
-            out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
-            # in a caller's graph the call is one captured round
-            with rt.caller_capture_round(known.sig) if in_capture else contextlib.nullcontext():
-                body(x, out)
-            return out
-        return graphs.call(operands, weight.data_ptr(),
-                           lambda: (rt.scratch.growths, backend.generation), x,
-                           (plan.rows, plan.cols), known.sig, backend, body)
-    except CollectiveError:
-        _release_peer_in_vendor_call(rt)
-        raise
+    graphs = None if in_capture else rt.graphs()
+    if graphs is None:
+        out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
+        # in a caller's graph the call is one captured round
+        with rt.caller_capture_round(known.sig) if in_capture else contextlib.nullcontext():
+            body(x, out)
+        return out
+    return graphs.call(operands, weight.data_ptr(),
+                       lambda: (rt.scratch.growths, backend.generation), x,
+                       (plan.rows, plan.cols), known.sig, backend, body)
 
 
 @dataclass(frozen=True)
@@ -142,17 +142,25 @@ class _SlicedCall:
                                        plan.layer, backend.tuning_word))
 
 
-def _release_peer_in_vendor_call(rt: OverlapRuntime) -> None:
+def _release_peer_in_vendor_call(call_rt: OverlapRuntime, rt: OverlapRuntime,
+                                 error: BaseException) -> None:
     """A peer took the decode path (vendor all-reduce) for a call this rank sliced: join
     its collective once with NaN so it is not left blocked until the vendor's timeout.
-    It then reads this rank's abort word and raises too (``Backend.vendor_call``)."""
-    signals = rt.backend.signals
-    sig = signals.missed_vendor_call() if signals is not None else None
-    if sig is None or rt.stock_reason() is not None:
+    It then reads this rank's abort word and raises too (``Backend.vendor_call``). The
+    decode path announces on ``rt``'s flags: under auto the parent's, not those of the
+    child ``call_rt`` that failed, so there the abort word is set first."""
+    for r in (call_rt,) if call_rt is rt else (call_rt, rt):
+        signals = r.backend.signals
+        sig = signals.missed_vendor_call() if signals is not None else None
+        if sig is None or r.stock_reason() is not None:
+            continue
+        if r is not call_rt:
+            signals.fail(error)
+        nan = torch.full((sig.rows, sig.cols), float("nan"), dtype=sig.dtype,
+                         device=r.world.device)
+        r.stock.all_reduce(nan, nan)
+        signals.joined_vendor_call()
         return
-    nan = torch.full((sig.rows, sig.cols), float("nan"), dtype=sig.dtype, device=rt.world.device)
-    rt.stock.all_reduce(nan, nan)
-    signals.joined_vendor_call()
 
 
 @torch.library.custom_op("radiance::linear_ar", mutates_args=())
