@@ -186,7 +186,7 @@ def _host_gpu_signals(dead=list):
     peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
     gpu = GpuSignals.__new__(GpuSignals)
     Signals.__init__(gpu, PeerBuffer("flags", FLAG_BYTES, 0, peers), 0, 2, 100.0, "test", dead)
-    gpu._awaited, gpu._checked_epoch = deque(), 0
+    gpu._awaited, gpu._checked_epoch, gpu._replay_rounds = deque(), 0, deque()
     peer = CpuSignals(PeerBuffer("flags", FLAG_BYTES, 1, peers), 1, 2, 100.0, "test", list)
     return gpu, peer
 

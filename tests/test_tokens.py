@@ -202,3 +202,106 @@ def test_a_capture_that_ends_well_keeps_its_mark_for_the_replay():
     with signals.call(CallSignature(1, 1, torch.bfloat16)):  # the replay takes the number
         pass
     assert int(header[HEADER_WORDS["capturing"]]) == 0
+
+
+def test_a_captured_phase_with_passive_peers_holds_the_operations_of_active_ones():
+    """Timing mode: a passive peer posts no token, so its wait passes at once on its done
+    word (PASSIVE_EPOCH), as in eager calls, and its reset writes 0 to its token's word:
+    the timed graph has the node and the operations a graph of active peers has."""
+    from radiance_ar.transport.signals import PASSIVE_EPOCH
+
+    size, rank = 4, 0
+    sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, 3)
+    counts = []
+    for passive in (set(), {2, 3}):
+        signals, flags, inbox, engine = gpu_signals(size, rank)
+        for p in passive:
+            signals.set_passive(p)
+        with signals.capture_round() as rnd, signals.call(sig):
+            signals.wait_all([1, 2, 3], "ready", signals.epoch, 7, "a test call")
+        (stream, ops), = engine.batches
+        counts.append(([op[0] for op in ops], len(rnd.awaited)))
+        if passive:
+            done = HEADER_WORDS["done"] * SLOT_BYTES
+            assert ("wait_geq", flags.peer(2).data_ptr() + done, 1) in ops
+            assert flags.peer(2)[done:done + 4].view(torch.int32).item() == PASSIVE_EPOCH
+    active, timed = counts
+    # as many operations, as many waits (EQ on a token, GEQ on a passive done) and resets
+    assert len(active[0]) == len(timed[0]) == 6
+    assert active[0].count("write") == timed[0].count("write") == 3
+    assert (active[1], timed[1]) == (3, 1)  # only active peers' waits are bounded by check
+
+
+@pytest.mark.parametrize("then", ["an eager call", "another graph"])
+def test_a_blocked_replay_is_released_whatever_was_enqueued_after_it(then):
+    """Rank 0 of 2 replays a graph whose peer never posts, then enqueues an eager call or
+    another graph's replay, and checks. The stream passes its waits in order, each token
+    reset once consumed; check() must raise AND leave the stream finished, writing each
+    graph's tokens in turn (graphs share inbox words with other values: writing only the
+    last graph's never frees the first)."""
+    from signal_fakes import StreamBlockedUntil
+
+    from radiance_ar.call_contract import CollectiveError
+    from radiance_ar.transport.signals import _word
+
+    signals, flags, inbox, _ = gpu_signals(2, 0, timeout_ms=20.0)
+    words = inbox.peer(0).view(torch.int64)
+    order, passed = [], [0]
+
+    def stream_done():
+        while passed[0] < len(order):
+            kind, item = order[passed[0]]
+            if kind == "tokens":
+                if not all(int(words[a.index]) == a.value for a in item):
+                    return False
+                for a in item:
+                    words[a.index] = 0
+            elif not item():
+                return False
+            passed[0] += 1
+        return True
+
+    def replay(layer):
+        sig = CallSignature(96, 5120, torch.bfloat16, "flags", 384, 4352, layer)
+        with signals.capture_round() as rnd, signals.call(sig):
+            signals.wait_all([1], "ready", signals.epoch, 7, "graph")
+        rnd.end_event = StreamBlockedUntil(stream_done)
+        order.append(("tokens", rnd.awaited))
+        with signals.call(sig):
+            signals.replayed(rnd, 7)
+
+    replay(1)
+    if then == "another graph":
+        replay(2)
+    else:
+        peer = flags.peer(1).view(torch.int64)
+        with signals.call(CallSignature(32, 5120, torch.bfloat16)) as t:
+            signals.wait_all([1], "ready", t, 7, "eager call")
+            tag = signals.tag(t)
+        order.append(("eager", lambda: int(peer[_word("ready", t)]) & 0xFFFFFFFF == tag))
+        signals.EVENT_TYPE = lambda: StreamBlockedUntil(stream_done)
+        signals.end_call(7)
+    with pytest.raises(CollectiveError):
+        signals.check()
+    assert stream_done(), "the stream is still blocked"
+
+
+def test_an_eager_call_inside_a_callers_capture_is_refused(monkeypatch):
+    """A backend's all_reduce made directly inside someone's CUDA graph (not through the
+    op, whose captured calls use tokens) would bake in numbered tags that every replay
+    repeats: refused before it takes a number."""
+    signals, _, _, _ = gpu_signals(2, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="called directly inside a CUDA-graph capture"):
+        with signals.call(CallSignature(8, 256, torch.bfloat16)):
+            pass
+    assert signals.epoch == 0
+    with signals.capture_round(), signals.call(CallSignature(8, 256, torch.bfloat16)):
+        pass  # inside the op's own round: tokens
+
+
+def test_a_graph_holds_every_slice_the_knob_allows():
+    from radiance_ar.envs import MAX_OVERLAP_SLICES
+
+    assert tokens.MAX_CALLS >= MAX_OVERLAP_SLICES

@@ -54,11 +54,16 @@ class GpuSignals(GpuDiagnosis, Signals):
         self._last_event: torch.cuda.Event | None = None
         # (peer, slot, epoch, value, what) of the waits enqueued since the last check
         self._awaited: collections.deque = collections.deque(maxlen=4 * RING)
-        #: the token waits of the graph replayed last, if the last call was a replay: what
-        #: :meth:`check` diagnoses and a release writes. Only the last graph's: graphs share
-        #: inbox words (token k of each), so an earlier graph's values written now would
-        #: undo the last one's, and the host cannot see which one its stream is at
+        #: the token waits of the graph replayed last: what :meth:`check` diagnoses
         self._replayed: list[Awaited] = []
+        #: the token waits of every graph replayed since the last check, oldest first (the
+        #: newest RING): what a release writes, one graph's per pass in turn. Graphs share
+        #: inbox words (token k of each), so one graph's values undo another's, and the host
+        #: cannot see which one its stream is at; a stream passes them in order, so taking
+        #: them in turn frees each (a replay followed by an eager call or another graph
+        #: stayed blocked when only the last was kept)
+        self._replay_rounds: collections.deque = collections.deque(maxlen=RING)
+        self._release_turn = 0
         #: whether a check() is bounding the calls now (the watchdog leaves them to it)
         self.checking = False
         #: the last call a check found complete (a peer's abort of a later one: see check)
@@ -106,6 +111,12 @@ class GpuSignals(GpuDiagnosis, Signals):
     @contextlib.contextmanager
     def call(self, sig: CallSignature) -> Iterator[int]:
         if self.round is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"{self.owner}: an all_reduce called directly inside a CUDA-graph capture: "
+                    "its flags would carry this call's numbered tags, which every replay "
+                    "repeats, so a peer's wait would pass on a stale tag; capture the op "
+                    "(radiance::linear_ar), whose calls in a caller's graph use one-use tokens")
             with super().call(sig) as t:
                 yield t
             return
@@ -143,15 +154,21 @@ class GpuSignals(GpuDiagnosis, Signals):
 
     def _token_waits(self, peers: list[int], kind: str,
                      calls: list[tuple[int, CallSignature]]) -> list[tuple[str, int, int]]:
-        """Every wait, then every reset, of :meth:`wait_tokens` (passive peers skipped),
-        each wait recorded in the round's ``awaited``."""
+        """Every wait, then every reset, of :meth:`wait_tokens`, each wait of an active peer
+        recorded in the round's ``awaited``. A passive peer (timing mode) posts no token:
+        its wait is one that passes at once (its done word, GEQ, as in eager calls) and its
+        reset a write of 0 to its token's word, so a timed graph holds the operations a
+        graph of active peers does (its batch node was missing: timings a world of real
+        peers could not reach)."""
         waits, resets = [], []
         for k, sig in calls:
             value = token_value(kind, k, sig)
             for peer in peers:
-                if peer in self._passive:
-                    continue
                 addr = self.inbox.address(self.rank, kind, peer, k)
+                if peer in self._passive:
+                    waits.append(("wait_geq", self._addr[peer] + _HEADER["done"] * SLOT_BYTES, 1))
+                    resets.append(("write", addr, 0))
+                    continue
                 waits.append(("wait_eq", addr, value))
                 resets.append(("write", addr, 0))
                 self.round.awaited.append(Awaited(word(kind, peer, k, self.size), value, peer,
@@ -166,6 +183,7 @@ class GpuSignals(GpuDiagnosis, Signals):
         recorded now. The eager waits before it (the reuse fence of ``before_replay``)
         stay in the release set."""
         self._replayed = rnd.awaited
+        self._replay_rounds.append(rnd.awaited)
         if rnd.end_event is None:
             self._record_end(stream)
         else:
@@ -227,7 +245,7 @@ class GpuSignals(GpuDiagnosis, Signals):
 
     def end_call(self, stream: int) -> None:
         if self.round is None:
-            self._replayed = []
+            self._replayed = []  # the newest call is eager: what check diagnoses
             self._record_end(stream)
 
     def _record_end(self, stream: int) -> None:
@@ -325,13 +343,17 @@ class GpuSignals(GpuDiagnosis, Signals):
         """Every wait enqueued so far finished (or was released): none is bounded any more."""
         self._awaited.clear()
         self._replayed = []
+        self._replay_rounds.clear()
 
     def _write_awaited(self, only_unsatisfied: bool) -> None:
         if not self._host_visible:
             return
-        for a in self._replayed:  # a consumed token reads 0 too: resync clears the inbox
-            if not (only_unsatisfied and self.inbox.read(a.index) == a.value):
-                self.inbox.write(a.index, a.value)
+        if self._replay_rounds:  # one graph's tokens per pass, the graphs in turn
+            self._release_turn = (self._release_turn + 1) % len(self._replay_rounds)
+            for a in self._replay_rounds[self._release_turn]:
+                # a consumed token reads 0 too: resync clears the inbox
+                if not (only_unsatisfied and self.inbox.read(a.index) == a.value):
+                    self.inbox.write(a.index, a.value)
         # Later calls reuse ring slots: the earliest awaited value of a slot is written last.
         for peer, slot, epoch, value, _ in reversed(self._awaited):
             if not (only_unsatisfied and self._satisfied(peer, slot, epoch, value)):
