@@ -73,6 +73,8 @@ def test_reduce_arguments_are_checked():
         reference_reduce_sum([torch.zeros(4)], torch.zeros(8))
     with pytest.raises(ValueError, match="out must be contiguous"):
         reference_reduce_sum([torch.zeros(4, 4)], torch.zeros(4, 4).t())
+    with pytest.raises(TypeError, match="also dtype torch.float32 must match out's torch.float16"):
+        reference_reduce_sum([x], torch.zeros(8, dtype=torch.float16), torch.zeros(8))
 
 
 def test_missing_bindings_name_the_pip_package(monkeypatch):

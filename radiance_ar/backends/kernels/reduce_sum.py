@@ -69,6 +69,9 @@ def _check(inputs: Sequence[torch.Tensor], out: torch.Tensor, also: torch.Tensor
             raise ValueError(f"reduce_sum: {label(i)} must be contiguous")
         if t.numel() != n:
             raise ValueError(f"reduce_sum: {label(i)} has {t.numel()} elements, out has {n}")
+    # the kernel stores into also the sum already rounded to out's dtype
+    if also is not None and also.dtype != out.dtype:
+        raise TypeError(f"reduce_sum: also dtype {also.dtype} must match out's {out.dtype}")
 
 
 def reference_reduce_sum(inputs: Sequence[torch.Tensor], out: torch.Tensor,
