@@ -137,3 +137,40 @@ def test_a_run_stopped_in_a_case_leaves_a_file_naming_it(tmp_path):
     assert r.returncode != 0
     t = tuning.load(out)
     assert len(t.rows) == 2 and "INCOMPLETE: case 1 of 2 (sdma M=128" in t.note, t.note
+
+
+def test_a_run_cut_short_says_incomplete_in_its_file_and_exits_3(tmp_path):
+    """--max-minutes reached after some cases: the file holds them, its note says
+    INCOMPLETE (a table cut short must not read as a whole one), and the exit code is 3."""
+    out = str(tmp_path / "t.json")
+    r = tune("--world", "2", "--m", "64,128", "--n", "256", "--k", "64", "--backends", "sdma",
+             "--slices", "1", "--reps", "2", "--warmup", "1", "--max-minutes", "0.001",
+             "--out", out)
+    assert r.returncode == 3, r.stderr
+    t = tuning.load(out)
+    assert "INCOMPLETE: --max-minutes 0.001 reached after 1 of 4 cases" in t.note
+    assert len(t.rows) == 1
+
+
+def test_a_resume_refuses_another_machines_file_and_bad_compare_files(tmp_path):
+    out = str(tmp_path / "t.json")
+    tuning.dump(out, {"device": "NVIDIA H200", "runtime": "torch 2.11.0+cu130, cuda 13.0, hip None",
+                      "world": "gpu-emulated", "measured_at": "2026-12-04T12:42:00",
+                      "command": "tune.py --worlds 2", "note": ""},
+                [{"backend": "sdma", "schedule": "oneshot", "W": 2, "N": 256, "K": 4352, "M": 64,
+                  "producer": "bf16", "slices": 1, "plan": "uniform", "t_ms": 1.0,
+                  "spread_ms": 0.0, "correct": True}])
+    before = open(out).read()
+    r = tune("--world", "2", "--m", "64", "--n", "256", "--k", "64", "--backends", "sdma",
+             "--slices", "1", "--resume", "--out", out)
+    assert r.returncode == 2 and "measured on {'device': 'NVIDIA H200'" in r.stderr, r.stderr
+    assert open(out).read() == before
+    r = tune("--from-compare", str(tmp_path / "none.json"), "--out", out)
+    assert r.returncode == 2 and "none.json: not a compare_backends JSON file" in r.stderr
+    cpu = tmp_path / "cpu.json"  # a CPU run's records carry no times
+    cpu.write_text(json.dumps({"mode": {"device": "cpu", "world": "cpu-shm", "date": "d",
+                                        "command": "c"},
+                               "records": [{"backend": "sdma", "correct": True}]}))
+    r = tune("--from-compare", str(cpu), "--out", out)
+    assert r.returncode == 2 and "no correct, timed case" in r.stderr
+    assert open(out).read() == before

@@ -116,17 +116,28 @@ def row_key(row: dict) -> tuple:
     return tuple(row[k] for k in ("backend", "W", "N", "M", "producer", "slices", "plan"))
 
 
-def resumed_rows(path: str) -> list[dict]:
-    """``--resume``: the rows of the tuning file at ``path`` (none if it does not exist;
-    ``ValueError`` naming it if it is not a tuning file: a resume never guesses)."""
+def resumed_rows(path: str, head: dict, k: int) -> tuple[list[dict], str]:
+    """``--resume``: the rows of the tuning file at ``path`` and its command (none if it
+    does not exist); ``ValueError`` naming it if it is not a tuning file, or if it was
+    measured on another device, world or runtime, or with another K, than this run (a
+    resume never mixes machines)."""
     try:
         tuning.load(path)
     except ValueError:
         if not os.path.exists(path):
-            return []
+            return [], ""
         raise
     with open(path) as f:
-        return json.load(f)["rows"]
+        data = json.load(f)
+    theirs = {key: data[key] for key in ("device", "world", "runtime")}
+    ours = {key: head[key] for key in theirs}
+    if theirs != ours:
+        raise ValueError(f"--resume {path}: measured on {theirs}, this run is {ours}; "
+                         "resume on the machine and world that wrote it, or write a new file")
+    other_k = sorted({r["K"] for r in data["rows"]} - {k})
+    if other_k:
+        raise ValueError(f"--resume {path}: rows of K = {other_k}, this run's K is {k}")
+    return data["rows"], data["command"]
 
 
 def header_of(hdr: dict, command: str, note: str = "") -> dict:
@@ -204,7 +215,8 @@ def progress(i: int, total: int, label: str, start: float) -> None:
 
 
 def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> int:
-    """Run every case (see module doc), writing the file after each; rc 1 if one was wrong."""
+    """Run every case (see module doc), writing the file after each; rc 1 if one was wrong,
+    3 if the run was cut short (--max-minutes, Ctrl-C: the file's note says INCOMPLETE)."""
     gpu = args.mode == "emulated" or (args.mode == "auto" and torch.cuda.is_available())
     device = "gpu" if gpu else "cpu"
     args.m = args.m or TUNE_M[device]
@@ -241,14 +253,16 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
     pools: dict = {}
     probes: dict = {}
     head = header_of(hdr, command, own.note)
-    kept = resumed_rows(own.out) if own.resume else []
+    k = todo[0][1].k if todo else args.k
+    kept, earlier = resumed_rows(own.out, head, k) if own.resume else ([], "")
     done = {row_key(r) for r in kept}
     todo = [(size, c) for size, c in todo if row_key(
         {"backend": c.backend, "W": size, "N": c.cols, "M": c.rows, "producer": c.producer,
          "slices": c.slices, "plan": c.plan}) not in done]
     if kept:
         head["note"] = (f"{head['note']} " if head["note"] else "") + (
-            f"{len(kept)} rows kept from an earlier run of this file (--resume).")
+            f"{len(kept)} rows kept from an earlier run of this file (--resume; its command: "
+            f"{earlier}).")
         print(f"tune: --resume: {len(kept)} rows kept from {own.out}, {len(todo)} cases left",
               file=sys.stderr)
     records, start, stopped = [], time.monotonic(), None
@@ -283,6 +297,8 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
     finally:
         for pool in pools.values():
             pool.close()
+    if stopped:  # the file says so: a table cut short must not read as a whole one
+        write(f"INCOMPLETE: {stopped}; tools/tune.py --resume measures the rest")
     elapsed = time.monotonic() - start
     print(f"# {len(records)} of {len(todo)} cases measured in {elapsed:.0f} s "
           f"({elapsed / max(len(records), 1):.2f} s per case)")
@@ -296,21 +312,35 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
         print("tune: nothing was measured correct; no file written", file=sys.stderr)
         return 1
     print(summary(tuning.load(own.out)))
-    return 1 if wrong else 0
+    return 1 if wrong else 3 if stopped else 0
 
 
 def from_compare(own: argparse.Namespace, command: str) -> int:
     """Write the file from compare_backends JSON files of one machine and world."""
     rows, heads = [], []
     for path in own.from_compare:
-        with open(path) as f:
-            data = json.load(f)
-        heads.append(data["mode"])
-        rows += rows_of(data["records"])
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            heads.append(data["mode"])
+            rows += rows_of(data["records"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"tune: --from-compare {path}: not a compare_backends JSON file "
+                  f"({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
     worlds = {(h["device"], h["world"]) for h in heads}
     if len(worlds) != 1:
         print(f"tune: --from-compare files come from different machines or worlds: {worlds}",
               file=sys.stderr)
+        return 2
+    keys = [row_key(r) for r in rows]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    problem = ("no correct, timed case (a CPU world times nothing)" if not rows
+               else f"cases measured twice: {twice[:3]}" if twice
+               else f"rows of several K: {sorted({r['K'] for r in rows})}"
+               if len({r["K"] for r in rows}) > 1 else None)
+    if problem is not None:
+        print(f"tune: --from-compare: {problem}; {own.out} left as it was", file=sys.stderr)
         return 2
     note = (f"{own.note} " if own.note else "") + "converted from " + "; ".join(
         f"{h['date']}: {h['command']}" for h in heads)
@@ -336,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if own.from_compare:
         return from_compare(own, command)
-    return measure(own, args, command)
+    try:
+        return measure(own, args, command)
+    except ValueError as e:  # a bad --resume file, named
+        print(f"tune: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

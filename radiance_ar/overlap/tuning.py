@@ -39,10 +39,12 @@ different accuracy, raise ``CollectiveMismatchError`` at their first call.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Iterable
@@ -262,14 +264,23 @@ def shipped() -> TuningTable:
 
 def dump(path: str, header: dict, rows: list[dict]) -> None:
     """Write a tuning file (``tools/tune.py``): ``header`` holds the :data:`_HEADER_KEYS`
-    but ``rows``; written to a temporary name and renamed, so an interrupted write never
-    leaves half a file under ``path``."""
+    but ``rows``; written to a temporary file of a unique name beside it (mode 0600),
+    flushed to disk and renamed, so an interrupted write never leaves half a file under
+    ``path``, and a failed one leaves no temporary file."""
     obj = {"format": FORMAT, "version": VERSION, **header, "rows": rows}
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _nearest(measured: list[int], m: int) -> int:
