@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from radiance_ar import backends  # noqa: E402
 import metrics  # noqa: E402
+from world_measure import digest  # noqa: E402
 from radiance_ar import overlap  # noqa: E402
 from radiance_ar import envs  # noqa: E402
 from radiance_ar.overlap.config import OverlapSettings  # noqa: E402
@@ -100,11 +101,15 @@ def soak_job(world, backend: str, calls: int, seconds: float, max_m: int, cols: 
         ref = x.double() @ w.double().t()
         dist.all_reduce(ref, group=world.group)
         rel, _ = metrics.errors(out, ref)
-        digest = torch.full((1,), float(out.view(torch.int16).long().sum()), dtype=torch.float64)
-        lo, hi = digest.clone(), digest.clone()
+        # the worst rank's error, and the same bits on every rank (a CRC-32 of the bytes: a
+        # sum of the values would take two swapped elements for equal)
+        worst = torch.tensor([rel], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=world.group)
+        crc = torch.tensor([float(digest(out))], dtype=torch.float64)
+        lo, hi = crc.clone(), crc.clone()
         dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=world.group)
         dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=world.group)
-        return rel, lo.item() == hi.item()
+        return worst.item(), lo.item() == hi.item()
 
     def stop_everywhere(mine: bool) -> bool:
         flag = torch.full((1,), float(mine))
@@ -164,8 +169,10 @@ def emulated_soak(backend: str, size: int, device: torch.device, calls: int, sec
         rels = [metrics.errors(o, ref, part)[0] for o in outs]
         rel = max(rels) if all(r == r for r in rels) else math.nan  # max() can drop a NaN
         # torch.eq into a buffer, not torch.equal: its M x N temporary can take a new segment
-        # of the allocator's pool at a late call (docs/history.md).
-        same = all(bool(torch.eq(o, outs[0], out=equal_all[:rows]).all()) for o in outs[1:])
+        # of the allocator's pool at a late call (docs/history.md). On the bits (int16
+        # views): a value compare takes -0 for +0 and never one NaN for another
+        same = all(bool(torch.eq(o.view(torch.int16), outs[0].view(torch.int16),
+                                 out=equal_all[:rows]).all()) for o in outs[1:])
         return rel, same
 
     res = soak_loop(step, lambda: memory_state(rts, device), lambda mine: mine,
