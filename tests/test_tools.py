@@ -416,3 +416,18 @@ def test_every_tool_module_defines_each_top_level_function_once():
                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
         twice += [f"{os.path.relpath(path, here)}: {n}" for n in set(names) if names.count(n) > 1]
     assert not twice, twice
+
+
+def test_the_cu_free_check_proves_only_with_every_sm_held(capsys):
+    """A transfer that completed while spinners held only some SMs proves nothing, and
+    says so; without a GPU the command refuses (exit status 2)."""
+    from radiance_ar.diagnostics import cu_free_check as cf
+
+    full = cf.CuFreeResult("H2D copy", True, 5.0, 64 << 20, 132, 132, 2112)
+    part = cf.CuFreeResult("H2D copy", True, 5.0, 64 << 20, 132, 120, 1920)
+    stuck = cf.CuFreeResult("D2D copy", False, 2000.0, 64 << 20, 132, 132, 2112)
+    assert full.proven and "COMPLETED with every SM held" in str(full)
+    assert not part.proven and "only 120 of 132 SMs were held: proves nothing" in str(part)
+    assert not stuck.proven and "did NOT complete" in str(stuck)
+    if not torch.cuda.is_available():
+        assert cf.main([]) == 2 and "needs a GPU" in capsys.readouterr().err
