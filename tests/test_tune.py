@@ -4,12 +4,15 @@ makes of the committed H200 runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
 import shlex
 import subprocess
 import sys
+
+import pytest
 
 from radiance_ar.overlap import tuning
 
@@ -174,3 +177,29 @@ def test_a_resume_refuses_another_machines_file_and_bad_compare_files(tmp_path):
     r = tune("--from-compare", str(cpu), "--out", out)
     assert r.returncode == 2 and "no correct, timed case" in r.stderr
     assert open(out).read() == before
+
+
+def test_a_producer_this_device_cannot_run_stops_the_tune_before_any_case(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU runs the MXFP4 producer")
+    out = str(tmp_path / "t.json")
+    r = tune("--world", "2", "--m", "64", "--n", "256", "--k", "64", "--backends", "sdma",
+             "--slices", "1", "--producers", "bf16,mxfp4_w4a8", "--out", out)
+    assert r.returncode == 2, r.stderr  # the CPU runs MXFP4 only under Triton's interpreter
+    assert "tune: --producers mxfp4_w4a8: producer mxfp4_w4a8 cannot run on cpu" in r.stderr
+    assert "ETA" not in r.stderr and not os.path.exists(out)
+
+
+def test_backend_knobs_set_away_from_their_defaults_are_in_the_note():
+    import tune as tune_module
+    from radiance_ar.envs import BackendSettings
+
+    hdr = {"torch": "2.13", "cuda": None, "hip": None, "world": "gpu-emulated", "device": "d",
+           "date": "t", "backend_settings": dataclasses.asdict(
+               BackendSettings(sdma_schedule="twoshot"))}
+    head = tune_module.header_of(hdr, "tune.py", "my note")
+    assert head["note"] == "backend knobs: sdma_schedule=twoshot. my note"
+    hdr["backend_settings"] = dataclasses.asdict(BackendSettings())
+    assert tune_module.header_of(hdr, "tune.py", "")["note"] == ""

@@ -143,6 +143,13 @@ def resumed_rows(path: str, head: dict, k: int) -> tuple[list[dict], str]:
 def header_of(hdr: dict, command: str, note: str = "") -> dict:
     """A tuning file's header from a compare_backends header."""
     runtime = f"torch {hdr['torch']}, cuda {hdr['cuda']}, hip {hdr['hip']}"
+    # the backend knobs the environment set away from their defaults change the times,
+    # and the command alone does not show them
+    set_knobs = {k: v for k, v in hdr.get("backend_settings", {}).items()
+                 if v != getattr(envs.BackendSettings(), k)}
+    if set_knobs:
+        note = (f"backend knobs: {', '.join(f'{k}={v}' for k, v in set_knobs.items())}. "
+                + note).strip()
     if hdr["world"] == "cpu-shm":
         note = ("a CPU world (gloo + shared memory): every result was checked, but the "
                 "times mean nothing; tune on the GPU machine that serves. " + note).strip()
@@ -219,6 +226,17 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
     3 if the run was cut short (--max-minutes, Ctrl-C: the file's note says INCOMPLETE)."""
     gpu = args.mode == "emulated" or (args.mode == "auto" and torch.cuda.is_available())
     device = "gpu" if gpu else "cpu"
+    # every setting and producer checked before the first case, not at the first case of
+    # the shape it breaks (after hours of others on a GPU)
+    problem = compare_backends.settings_problem()
+    where = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    for producer in own.producers or [args.producer]:
+        reason = producer_inputs.unsupported_reason(producer, where)
+        if problem is None and reason is not None:
+            problem = f"tune: --producers {producer}: {reason}"
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     args.m = args.m or TUNE_M[device]
     kind = "gpu-emulated" if gpu else "cpu-shm"
     todo = []  # (W, case), shape by shape: a run cut short loses whole shapes, not a backend
