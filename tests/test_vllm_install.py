@@ -224,22 +224,6 @@ def test_install_asks_the_configured_backend_and_logs_its_reason(monkeypatch, ca
     assert f"left stock: 1 (backend {backend}: N = 2880 must be a positive multiple" in logged[0]
 
 
-def test_a_layer_keeps_its_number_when_its_weight_is_replaced_after_install():
-    """Layer numbers key on the weight's address; a weight replaced after install (a
-    reload) would have lost its number (0 on every rank: skipped calls unseen). The routed
-    forward gives the new weight the layer's number."""
-    rt = overlap.configure(single_world("cpu"), ON)
-    first, second = StandIn(seed=1), StandIn(seed=2)
-    for layer in (first, second):
-        vi.route(layer, "bf16")
-    assert (vi.number_layer(first), vi.number_layer(second)) == (1, 2)
-    second.weight = torch.nn.Parameter(second.weight.detach().clone(), requires_grad=False)
-    assert rt.layer_number(second.weight) == 0
-    x = torch.randn(3, 16).bfloat16()
-    second(x)  # the routed forward
-    assert rt.layer_number(second.weight) == 2 and rt.layer_number(first.weight) == 1
-
-
 @pytest.mark.parametrize("return_bias", [True, False])
 def test_routed_forward_is_one_op_call_with_stock_shapes(return_bias):
     overlap.configure(single_world("cpu"), ON)  # one rank: the op's all-reduce is a copy

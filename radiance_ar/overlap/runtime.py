@@ -61,15 +61,12 @@ class OverlapRuntime:
         or under ``auto`` its choice's (collective on first use)."""
         return self if self.auto is None else self.auto.runtime_for(self, rows, cols, producer)
 
-    def register_layer(self, weight: torch.Tensor, number: int | None = None) -> int:
+    def register_layer(self, weight: torch.Tensor) -> int:
         """Number the layer whose weight (this rank's shard) is ``weight``: 1, 2, ... in
         the order of registration, which every rank must share (the vLLM installer
-        registers layers in model order), or ``number``: the layer's, given again where
-        its weight moved (a weight replaced after install keeps its layer's number). Its
-        calls' signatures carry the number, so a rank that skipped a replayed op call
-        meets a mismatch at the next layer."""
-        if number is None:
-            number = self._layers.get(weight.data_ptr(), len(self._layers) + 1)
+        registers layers in model order). Its calls' signatures carry the number, so a
+        rank that skipped a replayed op call meets a mismatch at the next layer."""
+        number = self._layers.get(weight.data_ptr(), len(self._layers) + 1)
         if number > MAX_LAYER:
             raise ValueError(f"register_layer: layer {number}: a signature carries layer numbers "
                              f"up to {MAX_LAYER} (16 bits)")

@@ -32,7 +32,6 @@ import radiance_ar.overlap.op  # noqa: F401 -- registers torch.ops.radiance.line
 from radiance_ar.backends.interface import Backend
 from radiance_ar.overlap.config import OverlapSettings, from_env
 from radiance_ar.overlap.producer_quant import GENERIC, bind_layer, shape_carrier
-from radiance_ar.overlap.runtime import current
 from radiance_ar.overlap.slicing import auto_slices_text
 from radiance_ar.overlap.vllm_routes import (CARRIER_ATTR, Operands, Route, device_of,
     plain_weight, register_producer, route_for)
@@ -48,9 +47,6 @@ logger = logging.getLogger("vllm.radiance_ar")
 ROUTED_ATTR = "radiance_ar_producer"
 #: set on a routed layer: (layer) -> the op's (weight, weight_scale), read at each call
 OPERANDS_ATTR = "radiance_ar_operands"
-#: a routed layer's (number, the weight address it was registered with): its number
-#: follows a weight replaced after install (:func:`number_layer`, ``_routed_forward``)
-LAYER_ATTR = "radiance_ar_layer"
 #: what eligibility reads; a layer without one of these is not a RowParallelLinear
 #: (a quantized layer has no ``weight``: its quant method keeps qweight, scales, ...)
 REQUIRED_ATTRS = ("bias", "reduce_results", "quant_method", "return_bias")
@@ -134,22 +130,9 @@ def _routed_forward(self: Any, input_: torch.Tensor) -> Any:
     # is None, as stock's ``self.bias if self.skip_bias_add else None`` is.
     x2d = input_.reshape(-1, input_.shape[-1]).contiguous()
     weight, weight_scale = getattr(self, OPERANDS_ATTR)(self)
-    number, ptr = getattr(self, LAYER_ATTR, (0, 0))
-    if number and weight.data_ptr() != ptr:  # replaced after install: keep its number
-        current().register_layer(weight, number)
-        setattr(self, LAYER_ATTR, (number, weight.data_ptr()))
     out = torch.ops.radiance.linear_ar(x2d, weight, weight_scale, getattr(self, ROUTED_ATTR))
     out = out.reshape(*input_.shape[:-1], out.shape[-1])
     return (out, None) if self.return_bias else out
-
-
-def number_layer(layer: Any) -> int:
-    """Register routed ``layer``'s weight with the process's runtime (its number in model
-    order) and keep the number on the layer, so that a weight replaced later keeps it."""
-    weight = getattr(layer, OPERANDS_ATTR)(layer)[0]
-    number = current().register_layer(weight)
-    setattr(layer, LAYER_ATTR, (number, weight.data_ptr()))
-    return number
 
 
 def route(layer: Any, producer: str | Route, name: str = "",
@@ -393,7 +376,7 @@ def install(model: torch.nn.Module, *, settings: OverlapSettings | None = None,
         route(layer, route_, name)
         # numbered in model order, the same on every rank: each call's signature carries
         # its layer's number, so a rank that skipped a call meets a mismatch at the next
-        number_layer(layer)
+        PROCESS.current().register_layer(getattr(layer, OPERANDS_ATTR)(layer)[0])
         report.routed.append(name)
         report.producers[name] = route_.producer
     logger.info(report.summary())
