@@ -106,7 +106,7 @@ def test_unknown_producer_lists_the_registered_ones(stock_runtime):
 
 @FP8_ON_CPU
 def test_fp8_rowwise_producer_matches_quantized_reference(stock_runtime):
-    x, w = make(16)
+    x, w = make(16, cols=32)
     w_scale = (w.float().abs().amax(dim=1) / 448.0).clamp_min(1e-12)
     w8 = (w.float() / w_scale[:, None]).to(torch.float8_e4m3fn)
     out = torch.ops.radiance.linear_ar(x, w8, w_scale, "fp8_rowwise")
@@ -132,7 +132,7 @@ def test_scratch_is_flat_over_300_calls_of_random_m():
     world = single_world("cpu")
     backend = world_jobs.PeerSumBackend(world)
     rt = overlap.OverlapRuntime(world, OverlapSettings(True, backend.name, 2048, 4), backend)
-    x, w = make(16384, k=16, cols=8)
+    x, w = make(16384, k=16, cols=16)
     w_scale = (w.float().abs().amax(dim=1) / 448.0)
     w8 = (w.float() / w_scale[:, None]).to(torch.float8_e4m3fn)
     forward(rt, x, w8, w_scale, "fp8_rowwise")  # warm-up at the high-water mark

@@ -84,14 +84,15 @@ class Fp8StandIn(StandIn):
      "Fp8LinearMethod, per-token (producer fp8_rowwise: weight must be a contiguous "),
 ])
 def test_fp8_mapping_by_activation_scheme(method, layout, producer, why):
-    layer = Fp8StandIn(method, layout=layout)
+    n = 32 if producer.startswith("fp8_") else 24  # _scaled_mm on GPUs: N a multiple of 16
+    layer = Fp8StandIn(method, n=n, layout=layout)
     found = vi.route_for(layer)
-    assert (found.producer, found.out_features) == (producer, 24)
+    assert (found.producer, found.out_features) == (producer, n)
     assert found.why.startswith(why), found.why
     assert vi.eligibility(layer, 2) is None
     if producer.startswith("fp8_"):
         weight, scale = found.operands(layer)
-        assert weight.shape == (24, 16) and weight.is_contiguous() and weight.dtype == FP8
+        assert weight.shape == (32, 16) and weight.is_contiguous() and weight.dtype == FP8
         assert scale.shape == (1,) and scale.dtype == torch.float32
 
 
@@ -245,3 +246,31 @@ def test_a_generically_routed_layer_is_one_compiled_node_equal_to_its_apply(regi
     assert torch.equal(compiled(x)[0], ref)
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
     assert targets.count("radiance.linear_ar") == 1, targets
+
+
+def test_an_fp8_layer_torch_scaled_mm_would_refuse_on_a_gpu_is_not_routed_to_it():
+    """N = 24: torch's CUDA _scaled_mm wants N and K multiples of 16 (the CPU one takes
+    it), so the fp8 producers refuse it on every device: a per-token layer takes its own
+    apply (row-independent), a per-tensor dynamic one stays stock."""
+    token = vi.route_for(Fp8StandIn(Fp8LinearMethod(PER_TOKEN), n=24))
+    assert token.producer == vi.GENERIC and "multiples of 16" in token.why
+    tensor = vi.route_for(Fp8StandIn(Fp8LinearMethod(PER_TENSOR), n=24))
+    assert isinstance(tensor, str) and "multiples of 16" in tensor
+
+
+def test_a_registered_own_apply_still_refuses_a_dynamic_per_tensor_scale(registry):
+    """register_producer(Fp8LinearMethod, "quant_method") must not send a per-tensor
+    dynamic layer through its own apply: each slice would get its own scale."""
+    vi.register_producer(Fp8LinearMethod, vi.GENERIC)
+    found = vi.route_for(Fp8StandIn(Fp8LinearMethod(PER_TENSOR), n=32))
+    assert isinstance(found, str) and "dynamic per-tensor" in found
+    static = vi.route_for(Fp8StandIn(Fp8LinearMethod(PER_TENSOR, static=True), n=32))
+    assert static.producer == vi.GENERIC
+
+
+def test_the_generic_producers_name_cannot_be_taken_by_a_kernel():
+    from radiance_ar.overlap import producers
+
+    for name in (vi.GENERIC, vi.GENERIC + ":layers.0"):
+        with pytest.raises(ValueError, match="names the generic producer"):
+            producers.register_external(name, lambda *a: None)

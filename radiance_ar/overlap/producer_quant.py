@@ -51,7 +51,7 @@ from radiance_ar.overlap.producers import Producer
 
 #: the producer name a user maps a quant method to; bound producers are named
 #: ``quant_method:<layer key>``
-GENERIC = "quant_method"
+GENERIC = producers.RESERVED
 PREFIX = GENERIC + ":"
 
 

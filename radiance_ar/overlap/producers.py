@@ -102,6 +102,12 @@ def _check_fp8_weight(name: str, weight: torch.Tensor, dtypes: tuple[torch.dtype
     if not weight.is_contiguous():
         raise ValueError(f"producer {name}: weight must be a contiguous (N, K) tensor, got "
                          f"strides {weight.stride()} for shape {tuple(weight.shape)}")
+    # torch's CUDA _scaled_mm refuses other shapes (the CPU one takes them): checked here on
+    # every device, so a layer it would refuse is not routed and fails at its first forward
+    n, k = weight.shape
+    if n % 16 or k % 16:
+        raise ValueError(f"producer {name}: weight (N, K) = ({n}, {k}): torch._scaled_mm on "
+                         "GPUs needs N and K multiples of 16")
 
 
 class ScaledMMRowwise(Producer):
@@ -116,6 +122,9 @@ class ScaledMMRowwise(Producer):
 
     def check(self, x, weight, weight_scale):
         _check_fp8_weight(self.name, weight, (FP8,))
+        if x.dtype != torch.bfloat16:  # as mxfp4_routes.cublas_refusal says of the same GEMM
+            raise ValueError(f"producer fp8_rowwise: x is {x.dtype}; torch._scaled_mm's "
+                             "row-wise scaling writes bf16 on GPUs")
         n = weight.shape[0]
         if (weight_scale is None or weight_scale.dtype != torch.float32
                 or weight_scale.shape not in ((n,), (), (1,))):
@@ -213,6 +222,11 @@ _PRODUCERS: dict[str, Producer] = {
 _BOUND: dict[str, Producer] = {}
 
 
+#: the generic producer's name and its bound producers' prefix (producer_quant.GENERIC):
+#: a kernel under it could never be reached by register_producer(X, "quant_method")
+RESERVED = "quant_method"
+
+
 def register_external(name: str, launch: LaunchFn, prepare: Callable[..., Any] | None = None,
                       needs_weight_scale: bool = False, values_per_weight_element: int = 1,
                       check: Callable[..., None] | None = None,
@@ -221,6 +235,10 @@ def register_external(name: str, launch: LaunchFn, prepare: Callable[..., Any] |
     (``slice_row_align``: interior slice bounds are multiples of it, see :class:`Producer`)."""
     if name in _PRODUCERS or name in _BOUND:
         raise ValueError(f"producer {name!r} is already registered")
+    if name.split(":")[0] == RESERVED:
+        raise ValueError(f"producer {name!r}: {RESERVED!r} names the generic producer of a "
+                         "layer's own apply (radiance_ar/overlap/producer_quant.py); choose "
+                         "another name")
     if not isinstance(slice_row_align, int) or slice_row_align < 1:
         raise ValueError(f"register_external: slice_row_align must be a positive int, got "
                          f"{slice_row_align!r}")

@@ -127,6 +127,12 @@ def route_for(layer: Any) -> Route | str:
     if user is not None:
         producer, operands = user
         if producer == GENERIC:
+            scale = getattr(getattr(method, "activation_quant_key", None), "scale", None)
+            if (scale is not None and getattr(scale, "static", True) is False
+                    and tuple(getattr(scale, "group_shape", ())) == (-1, -1)):
+                return (f"quant method {kind} is registered for its own apply, but this "
+                        "layer's activation scale is dynamic per-tensor: each slice would "
+                        "get its own scale (not row-independent)")
             return _generic(layer, f"registered {kind}")
         if operands is None:
             operands = weight_and_scale if producers.get(producer).needs_weight_scale \
