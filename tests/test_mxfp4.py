@@ -319,3 +319,25 @@ def test_scale_spread_tool_reports_every_distribution_and_writes_json(tmp_path, 
     assert got["rows"][0]["max"] <= 4 and got["rows"][0]["over_limit"] == 0.0
     assert all(r["median"] <= r["p99_9"] <= r["max"] for r in got["rows"])
     assert "gaussian" in capsys.readouterr().out
+
+
+def test_the_kernel_config_is_the_calls_not_each_slices(monkeypatch):
+    """Chosen per slice, slices of another size class than the call took another config
+    (another accumulation order): slicing changed the bits. prepare() chooses it once from
+    the call's rows and every slice's launch passes it."""
+    from radiance_ar.overlap.scratch import ScratchPool
+
+    asked, launched = [], []
+    monkeypatch.setattr(mx.kernel, "launch_config",
+                        lambda device, rows: asked.append(rows) or f"config of {rows}")
+    monkeypatch.setattr(mx.fp8_activation, "quantize_tokens",
+                        lambda x, buf: (buf, torch.ones(x.shape[0])))
+    monkeypatch.setattr(mx.kernel, "mxfp4_w4a8_gemm",
+                        lambda *a, config=None, **k: launched.append(config))
+    x = torch.randn(2048, 64).to(torch.bfloat16)
+    packed, scales = mx.quantize_weight(torch.randn(32, 64).to(torch.bfloat16))
+    p = mx.prepare(x, packed, scales, ScratchPool())
+    assert p.route == "triton_bf16" and asked == [2048]
+    for a, b in ((0, 128), (128, 400), (400, 2048)):  # slices of three size classes
+        mx.launch(p, a, b, torch.empty(b - a, 32, dtype=torch.bfloat16), 0)
+    assert asked == [2048] and launched == ["config of 2048"] * 3

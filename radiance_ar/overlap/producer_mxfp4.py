@@ -25,12 +25,15 @@ slicing stays exact) and launches per row slice on the given stream one of three
 chosen per call in :func:`prepare` (:mod:`radiance_ar.overlap.mxfp4_routes`): the weight
 widened to e4m3 in memory for torch's fp8 GEMM (``cublas_fp8``), widened in registers by
 the fp8 Triton kernel (``triton_fp8``), or by the bf16 (or scaled-MMA) one (``triton_bf16``).
+A Triton route's kernel config is chosen in ``prepare`` too, from the call's rows, so every
+slice runs the unsliced call's config.
 Triton is imported at the first launch: importing this module needs torch only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -134,6 +137,10 @@ class MxPrepared(Prepared):
     weight's column plan."""
     route: str = "triton_bf16"
     plan: ColumnPlan | None = None
+    #: the Triton routes' kernel config, chosen once from the CALL's rows: chosen per
+    #: slice, slices of another size class took another config (another accumulation
+    #: order), so slicing changed the bits (a review's spy, 2026-12-05)
+    config: Any = None
 
 
 #: fp8_rowwise's launch, which the cuBLAS route shares
@@ -169,11 +176,13 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | 
             return MxPrepared(xq, w8, x_scale.unsqueeze(1), plan.col_scale.reshape(1, -1),
                               "cublas_fp8")
         if plan.fits:
-            return MxPrepared(xq, weight, x_scale, weight_scale, "triton_fp8", plan)
+            config = fp8_kernel.launch_config(x.device, x.shape[0], weight.shape[0], x.shape[1])
+            return MxPrepared(xq, weight, x_scale, weight_scale, "triton_fp8", plan, config)
     storage = kernel.activation_dtype(x.device)
     if storage != FP8:  # the same values, widened for this GPU's kernel configs
         xq = scratch.get("mxfp4_xq_wide", tuple(x.shape), storage, x.device).copy_(xq)
-    return MxPrepared(xq, weight, x_scale, weight_scale, "triton_bf16")
+    return MxPrepared(xq, weight, x_scale, weight_scale, "triton_bf16",
+                      config=kernel.launch_config(x.device, x.shape[0]))
 
 
 def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
@@ -185,10 +194,10 @@ def launch(p: Prepared, a: int, b: int, out: torch.Tensor, stream: int) -> None:
         _ROWWISE.launch(p, a, b, out, stream)
     elif p.route == "triton_fp8":
         fp8_kernel.mxfp4_fp8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, p.plan,
-                                  out=out, stream=stream)
+                                  out=out, stream=stream, config=p.config)
     else:
         kernel.mxfp4_w4a8_gemm(p.x[a:b], p.x_scale[a:b], p.weight, p.weight_scale, out=out,
-                               stream=stream)
+                               stream=stream, config=p.config)
 
 
 #: interior slices start on multiples of 16 rows: the fp8 route's rowwise GEMM needs its
