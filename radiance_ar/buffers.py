@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 import torch
+from radiance_ar.streams import capturing
 
 #: what :func:`keep_until_exit` keeps
 _kept: list[Any] = []
@@ -26,7 +27,7 @@ def refuse_growth_in_capture(what: str, device: torch.device, held: bool = False
     """Raise if the current stream of ``device`` is capturing a CUDA graph, or if ``held``:
     a caller's CUDA graph has captured calls that use the buffer, and replays its address
     (radiance_ar.transport.caller_graphs)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing(device):
         raise RuntimeError(
             f"{what}: growth requested during CUDA-graph capture; call ensure_capacity with "
             "the largest shape before capturing")

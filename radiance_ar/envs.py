@@ -301,20 +301,16 @@ def torchrun_rank(environ: Mapping[str, str] | None = None) -> int:
 #: docs/history.md.
 EMULATED_RANKS_CUDA_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "CUDA_MODULE_LOADING": "EAGER",
                            "GPU_MAX_HW_QUEUES": "32"}
-#: rocclr's GPU_MAX_HW_QUEUES where it is not set
-HIP_DEFAULT_HW_QUEUES = 4
+#: ROCm's variable, not ours (not in KNOBS: it is no setting of radiance-ar), parsed like one
+HIP_HW_QUEUES = Knob("GPU_MAX_HW_QUEUES", int, 4, "ROCm's hardware queues per device (rocclr's "
+                     "default 4)", lo=1)
 
 
 def hip_hardware_queues(environ: Mapping[str, str] | None = None) -> int:
     """The hardware queues ROCm's runtime gives this process per device:
-    ``GPU_MAX_HW_QUEUES`` (ROCm's variable, not ours), else rocclr's default."""
-    raw = (os.environ if environ is None else environ).get("GPU_MAX_HW_QUEUES", "").strip()
-    if not raw:
-        return HIP_DEFAULT_HW_QUEUES
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"GPU_MAX_HW_QUEUES={raw!r}: expected a positive integer (ROCm's "
-                         "hardware queues per device)")
-    return int(raw)
+    ``GPU_MAX_HW_QUEUES``, else rocclr's default."""
+    raw = (os.environ if environ is None else environ).get(HIP_HW_QUEUES.name, "")
+    return HIP_HW_QUEUES.parse(raw) if raw.strip() else HIP_HW_QUEUES.default
 
 
 def prepare_cuda_for_emulated_ranks(environ: dict[str, str] | None = None) -> None:

@@ -27,6 +27,12 @@ def current_stream_handle(device: torch.device) -> int:
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph (False off
+    CUDA/ROCm, where the query does not exist)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def stream_object(handle: int, device: torch.device) -> torch.cuda.Stream:
     """The torch stream object of a raw stream handle on ``device`` (to record events on
     it, make it current, wait on it). Handle 0 is the default stream, and

@@ -15,6 +15,8 @@ from radiance_ar.transport import tokens
 class RecordedOps:
     """The stream-operation side of a copy engine, recorded: what a call enqueues."""
 
+    device = torch.device("cpu")  # a test that stands for a GPU sets cuda
+
     def __init__(self):
         self.batches = []
 

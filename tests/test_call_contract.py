@@ -11,6 +11,7 @@ from radiance_ar.call_contract import (CallSignature, CollectiveMismatchError, P
     PeerTimeoutError, ResyncRequiredError, device_tag, host_tag)
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.signals import FLAG_BYTES, PASSIVE_EPOCH, CpuSignals
+from signal_fakes import RecordedOps
 
 BF16 = torch.bfloat16
 
@@ -162,6 +163,7 @@ def test_the_gpu_diagnosis_tells_a_peer_stuck_inside_the_call_from_one_in_anothe
 
     peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
     gpu = GpuSignals.__new__(GpuSignals)  # its stream operations are not used here
+    gpu.engine = RecordedOps()
     Signals.__init__(gpu, PeerBuffer("flags", FLAG_BYTES, 0, peers), 0, 2, 150.0, "test", list)
     gpu._awaited = deque()
     peer = CpuSignals(PeerBuffer("flags", FLAG_BYTES, 1, peers), 1, 2, 150.0, "test", list)
@@ -185,6 +187,7 @@ def _host_gpu_signals(dead=list):
 
     peers = [torch.zeros(FLAG_BYTES, dtype=torch.uint8) for _ in range(2)]
     gpu = GpuSignals.__new__(GpuSignals)
+    gpu.engine = RecordedOps()
     Signals.__init__(gpu, PeerBuffer("flags", FLAG_BYTES, 0, peers), 0, 2, 100.0, "test", dead)
     gpu._awaited, gpu._checked_epoch, gpu._replay_rounds = deque(), 0, deque()
     peer = CpuSignals(PeerBuffer("flags", FLAG_BYTES, 1, peers), 1, 2, 100.0, "test", list)
@@ -244,8 +247,6 @@ def test_a_call_completed_by_a_release_raises_though_the_peer_gave_up_on_a_later
     rank 1's call 1 awaited too, and its abort word holds ITS newest call, 2. Rank 1, which
     enqueued only call 1, sees its call complete; its check() must still raise, since the
     bytes it read from rank 2 were never published (GpuSignals._raise_if_released_by_a_peer)."""
-    from signal_fakes import RecordedOps
-
     from radiance_ar.transport.gpu_signals import GpuSignals
     from radiance_ar.transport.signals import _HEADER, _word
 

@@ -229,7 +229,7 @@ def test_on_rocm_the_queue_budget_is_gpu_max_hw_queues(monkeypatch):
     assert reason(8, 1) is None and reason(6, 2) is None
     assert "RADIANCE_AR_SDMA_CALL_STREAMS=1" in reason(7, 2)
     monkeypatch.setenv("GPU_MAX_HW_QUEUES", "four")
-    with pytest.raises(ValueError, match="GPU_MAX_HW_QUEUES='four': expected a positive integer"):
+    with pytest.raises(ValueError, match="GPU_MAX_HW_QUEUES='four': expected an integer >= 1"):
         reason(2, 1)
     environ = {}
     envs.prepare_cuda_for_emulated_ranks(environ)

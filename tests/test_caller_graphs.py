@@ -61,7 +61,7 @@ class Runtime(SimpleNamespace):
 
 def capturing_x(rows: int = 4096):
     """Stands for a CUDA tensor on a capturing stream (the capture itself is the GPU test's)."""
-    return SimpleNamespace(is_cuda=True, shape=(rows, 4352))
+    return SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), shape=(rows, 4352))
 
 
 def test_a_refused_capture_names_the_backend_and_the_reason(monkeypatch):

@@ -290,8 +290,8 @@ def test_an_eager_call_inside_a_callers_capture_is_refused(monkeypatch):
     """A backend's all_reduce made directly inside someone's CUDA graph (not through the
     op, whose captured calls use tokens) would bake in numbered tags that every replay
     repeats: refused before it takes a number."""
-    signals, _, _, _ = gpu_signals(2, 0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    signals, _, _, engine = gpu_signals(2, 0)
+    engine.device = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="called directly inside a CUDA-graph capture"):
         with signals.call(CallSignature(8, 256, torch.bfloat16)):

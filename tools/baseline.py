@@ -48,9 +48,15 @@ def default_backend(world_kind: str) -> str:
     return default_arm(world_kind)[0][0]
 
 
+def recorded_plan(slices: int, plan: str) -> str:
+    """The plan a case of ``slices`` cut by ``plan`` is recorded with: one slice is every
+    plan's, recorded as the default."""
+    return plan if slices > 1 else OVERLAP_PLANS[0]
+
+
 def is_arm(backend: str, slices: int, plan: str, arm: tuple[str, int], arm_plan: str) -> bool:
     """Whether a case or record of ``backend``, ``slices`` and ``plan`` is the arm's, cut by
-    ``arm_plan`` (a run's first plan; one slice is every plan's, recorded as the default)."""
+    ``arm_plan`` (a run's first plan; at one slice any plan: :func:`recorded_plan`)."""
     return (backend, slices) == arm and (slices == 1 or plan == arm_plan)
 
 
@@ -59,7 +65,7 @@ def with_arm(cases: list, arm: tuple[str, int], plan: str) -> list:
     measured once per M like any other row, cut by ``plan`` (``cases``:
     tools/world_measure.Case)."""
     name, slices = arm
-    arm_plan = plan if slices > 1 else OVERLAP_PLANS[0]
+    arm_plan = recorded_plan(slices, plan)
     have = {(c.rows, c.producer) for c in cases if is_arm(c.backend, c.slices, c.plan, arm, plan)}
     extra = []
     for c in cases:

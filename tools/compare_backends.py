@@ -69,8 +69,8 @@ def cases(args: argparse.Namespace, device: str, world_kind: str | None = None,
             for setting in (args.slices if cls.pipelined else [1]):
                 for plan in (args.plans if cls.pipelined else OVERLAP_PLANS[:1]):
                     s = slice_count(setting, cls, rows, plan, world_size or args.world)
-                    # one slice is one plan, recorded as the default: the others would repeat it
-                    runs[s, plan if s > 1 else OVERLAP_PLANS[0]] = None
+                    # one slice is one plan: the others would repeat it
+                    runs[s, baseline.recorded_plan(s, plan)] = None
             for s, plan in runs:
                 out.append(Case(name, rows, n, k, s, reps, warmup, seed=rows + s,
                                 producer=args.producer, plan=plan,

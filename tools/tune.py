@@ -122,22 +122,21 @@ def resumed_rows(path: str, head: dict, k: int) -> tuple[list[dict], str]:
     measured on another device, world or runtime, or with another K, than this run (a
     resume never mixes machines)."""
     try:
-        tuning.load(path)
+        table = tuning.load(path)
     except ValueError:
         if not os.path.exists(path):
             return [], ""
         raise
-    with open(path) as f:
-        data = json.load(f)
-    theirs = {key: data[key] for key in ("device", "world", "runtime")}
+    theirs = {key: getattr(table, key) for key in ("device", "world", "runtime")}
     ours = {key: head[key] for key in theirs}
     if theirs != ours:
         raise ValueError(f"--resume {path}: measured on {theirs}, this run is {ours}; "
                          "resume on the machine and world that wrote it, or write a new file")
-    other_k = sorted({r["K"] for r in data["rows"]} - {k})
+    other_k = sorted({r.K for r in table.rows} - {k})
     if other_k:
         raise ValueError(f"--resume {path}: rows of K = {other_k}, this run's K is {k}")
-    return data["rows"], data["command"]
+    with open(path) as f:  # the rows as written, to be written back
+        return json.load(f)["rows"], table.command
 
 
 def header_of(hdr: dict, command: str, note: str = "") -> dict:

@@ -168,16 +168,15 @@ class OneshotWht6Backend(Backend):
             check_slice(slice_in, out)
             rows, cols = slice_in.shape
             _check_cols("oneshot_wht6.all_reduce", cols)
+            nbytes = rows * kernel.payload_bytes_per_row(cols)
+            if self.world.size > 1 and nbytes > self.capacity:
+                raise ValueError(f"oneshot_wht6.all_reduce: {rows}x{cols} needs a {nbytes} B "
+                                 f"payload region, capacity is {self.capacity} B: call "
+                                 "ensure_capacity first")
         if self.world.size == 1 or rows * cols == 0:
             if self.world.size == 1 and out.data_ptr() != slice_in.data_ptr():
                 out.copy_(slice_in)
             return
-        nbytes = rows * kernel.payload_bytes_per_row(cols)
-        with self.checking_call():
-            if nbytes > self.capacity:
-                raise ValueError(f"oneshot_wht6.all_reduce: {rows}x{cols} needs a {nbytes} B "
-                                 f"payload region, capacity is {self.capacity} B: call "
-                                 "ensure_capacity first")
         self.faults.refuse_if_faulted()
         if self.gpu:
             self._all_reduce_gpu(slice_in, out)

@@ -109,22 +109,23 @@ class SdmaBackend(TransportBackend):
         return typed_view(tr.buffers.source("pub"), rows, cols, dtype)
 
     def all_reduce(self, slice_in: torch.Tensor, out: torch.Tensor) -> None:
+        tr = self.transport
         with self.checking_call():
             check_slice(slice_in, out)
+            if self.world.size > 1:
+                nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
+                off, staged = self._placement(slice_in)
+                schedule = self.schedule_for(nbytes)
+                self._check_out(out, nbytes, schedule)
         if self.world.size == 1:
             copy_unless_same(slice_in, out)
             return
-        tr = self.transport
-        with self.checking_call():
-            nbytes = tr.check_fits(slice_in.numel() * slice_in.element_size())
-            off, staged = self._placement(slice_in)
-            self._check_out(out, nbytes)
         local, out_addr = slice_in.data_ptr(), out.data_ptr()
         footprint = Footprint(off, off + nbytes, local, local + nbytes, out_addr, out_addr + nbytes)
         with tr.call_stream() as caller, self.signals.call(self.signature(slice_in)) as t, \
                 tr.on_call_stream(caller, footprint) as stream:
             self._publish(t, off, staged, local, nbytes, stream)
-            if self.schedule_for(nbytes) == "oneshot":
+            if schedule == "oneshot":
                 tr.pull_all(t, off, nbytes, stream, f"{self.name} one-shot all_reduce")
                 self._reduce([local if q == self.world.rank else tr.buffers.recv_address(q, off)
                               for q in range(self.world.size)], out_addr, out.numel(),
@@ -184,7 +185,7 @@ class SdmaBackend(TransportBackend):
             raise ValueError("sdma.all_reduce: slice_in is misaligned inside the input buffer")
         return (off, tr.buffers.staged) if inside else (0, True)  # host buffers: the D2H publish
 
-    def _check_out(self, out: torch.Tensor, nbytes: int) -> None:
+    def _check_out(self, out: torch.Tensor, nbytes: int, schedule: str) -> None:
         """One-shot sums into ``out`` right after its pulls, while peers may still be
         pulling this rank's bytes of ``pub``: ``out`` may not lie in the peer-visible
         ``pub`` (an in-place call on :meth:`acquire_input_view`'s view would hand a peer the
@@ -193,7 +194,7 @@ class SdmaBackend(TransportBackend):
         pub = self.transport.buffers.pub.local
         lo, hi = pub.data_ptr(), pub.data_ptr() + pub.numel()
         start = out.data_ptr()
-        if (self.schedule_for(nbytes) == "oneshot" and out.device == pub.device
+        if (schedule == "oneshot" and out.device == pub.device
                 and start < hi and lo < start + nbytes):
             raise ValueError(f"{self.name}.all_reduce: out lies in the peer-visible input buffer, "
                              "which peers still read while a one-shot call sums into it; give "

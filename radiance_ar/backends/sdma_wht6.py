@@ -260,16 +260,16 @@ class SdmaWht6Backend(TransportBackend):
                     ahead: torch.Tensor | None) -> None:
         """:meth:`all_reduce`; ``ahead``: this rank's payload, already encoded into the
         stage (:meth:`encode_ahead`), else ``None``."""
+        tr = self.transport
         with self.checking_call():
             check_slice(slice_in, out)
-        rows, cols = slice_in.shape
+            rows, cols = slice_in.shape
+            if self.world.size > 1:
+                shape = wht6.payload_shape(rows, cols)
+                nbytes = tr.check_fits(shape[0] * shape[1])
         if self.world.size == 1:
             copy_unless_same(slice_in, out)
             return
-        tr = self.transport
-        with self.checking_call():
-            shape = wht6.payload_shape(rows, cols)
-            nbytes = tr.check_fits(shape[0] * shape[1])
         # Encoded ahead, the call owns its rows of the stage from byte `own`: it receives
         # and gathers there too, so its last decode may run beside the next slice's
         # pulls (CopyTransport.decode_beside); else every call uses bytes from 0.

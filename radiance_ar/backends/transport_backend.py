@@ -34,7 +34,6 @@ from radiance_ar.transport.watchdog import Watchdog, watchdog_reason
 from radiance_ar.transport.world import KINDS, MAX_WORLD, World
 
 
-#: CUDA_DEVICE_MAX_CONNECTIONS as emulated ranks set it (radiance_ar.envs): hardware queues
 #: hardware queues of one GPU the emulated ranks' streams share on CUDA
 #: (envs.EMULATED_RANKS_CUDA_ENV's CUDA_DEVICE_MAX_CONNECTIONS); ROCm: envs.hip_hardware_queues
 HARDWARE_QUEUES = 32
@@ -51,7 +50,7 @@ def emulated_streams_reason(world: World, call_streams: int) -> str | None:
         return None
     hip = platform(world.device) == "hip"
     queues = envs.hip_hardware_queues() if hip else HARDWARE_QUEUES
-    per_rank = 4 if call_streams == 1 else 3 + call_streams
+    per_rank = 3 + call_streams
     if world.size * per_rank <= queues:
         return None
     fix = ("set RADIANCE_AR_SDMA_CALL_STREAMS=1" if call_streams > 1 and world.size * 4 <= queues

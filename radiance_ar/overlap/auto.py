@@ -40,6 +40,7 @@ from radiance_ar import backends
 from radiance_ar.call_contract import CollectiveError, CollectiveMismatchError
 from radiance_ar.overlap import tuning
 from radiance_ar.overlap.config import OverlapSettings
+from radiance_ar.streams import capturing
 
 if TYPE_CHECKING:
     from radiance_ar.backends.interface import Backend
@@ -172,7 +173,7 @@ class AutoChoices:
             return parent
         choice = self.choice(rows, cols, producer)
         if ((_key(choice) not in self._children or not self._agreed)
-                and self.world.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                and capturing(self.world.device)):
             raise RuntimeError(
                 f"RADIANCE_AR_BACKEND=auto: a call of {rows} x {cols} ({producer}) inside "
                 f"CUDA-graph capture chooses {choice.backend} S={choice.slices} {choice.plan}, whose runtime "

@@ -42,6 +42,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from radiance_ar.overlap.kernels import mxfp4_fp8_gemm as fp8_kernel
+from radiance_ar.streams import capturing
 
 #: The cuBLAS fp8 route pays the widening, N x K bytes written and read again; below
 #: these many rows the fp8 Triton kernel, which reads the 4-bit weight directly, wins.
@@ -83,7 +84,7 @@ def cached_plan(w: torch.Tensor, w_scale: torch.Tensor) -> fp8_kernel.ColumnPlan
     hit = _PLANS.get(w_scale)
     if hit is not None and hit[0] == stamp:
         return hit[1]
-    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+    if capturing(w.device):
         raise RuntimeError("producer mxfp4_w4a8: a weight's column plan is made at its first "
                            "call, which synchronizes: run one eager call with the weight "
                            "before capturing a CUDA graph (or after rewriting the weight)")

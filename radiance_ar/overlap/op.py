@@ -39,7 +39,8 @@ import torch
 
 from radiance_ar.call_contract import CallSignature, CollectiveError
 from radiance_ar.overlap import producers
-from radiance_ar.overlap.plan import CallPlan, capturing, in_caller_capture
+from radiance_ar.overlap.plan import CallPlan, in_caller_capture
+from radiance_ar.streams import capturing
 from radiance_ar.overlap.producers import Producer
 from radiance_ar.overlap.runtime import OverlapRuntime, current
 
@@ -93,7 +94,7 @@ def _forward(rt: OverlapRuntime, prod: Producer, x: torch.Tensor, weight: torch.
         plan = CallPlan.for_call(rt, prod, x, weight)
         out = torch.empty((plan.rows, plan.cols), dtype=x.dtype, device=x.device)
         plan.run(rt, prod, x, weight, weight_scale, out)
-        if capturing(x):  # a caller's graph replays the scratch it used (a producer's
+        if capturing(x.device):  # a caller's graph replays the scratch it used (a producer's
             rt.scratch.held = True  # quantized activation): a growth keeps, never frees, it
         return out
     in_capture = in_caller_capture(rt, x)  # raises where the backend may not run there
@@ -155,7 +156,7 @@ def _release_peer_in_vendor_call(call_rt: OverlapRuntime, rt: OverlapRuntime,
         if sig is None or r.stock_reason() is not None:
             continue
         if r is not call_rt:
-            signals.fail(error)
+            r.backend.fault(error)
         nan = torch.full((sig.rows, sig.cols), float("nan"), dtype=sig.dtype,
                          device=r.world.device)
         r.stock.all_reduce(nan, nan)

@@ -29,7 +29,7 @@ from radiance_ar.envs import OVERLAP_PLANS
 from radiance_ar.overlap.pipeline import SliceHooks, run_sliced
 from radiance_ar.overlap.producers import Producer
 from radiance_ar.overlap.slicing import op_bounds, slice_bounds, slice_count
-from radiance_ar.streams import current_stream_handle
+from radiance_ar.streams import capturing, current_stream_handle
 
 __all__ = ["CallPlan", "SliceHooks", "input_view", "row_bounds"]
 
@@ -61,16 +61,11 @@ def input_view(backend: Backend, rows: int, cols: int, dtype: torch.dtype,
     return otherwise()
 
 
-def capturing(x: torch.Tensor) -> bool:
-    """Whether ``x``'s (current) stream is capturing a caller's CUDA graph."""
-    return x.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def in_caller_capture(rt: Any, x: torch.Tensor) -> bool:
     """Whether ``x``'s stream is capturing a caller's CUDA graph, for a sliced call; raises
     ``RuntimeError`` with the reason where the runtime's backend may not run there
     (:meth:`OverlapRuntime.caller_capture_reason`)."""
-    if not capturing(x):
+    if not capturing(x.device):
         return False
     reason = rt.caller_capture_reason()
     if reason is not None:

@@ -26,7 +26,7 @@ from radiance_ar.overlap.config import OverlapSettings, from_env, reconcile
 from radiance_ar.overlap.graphs import GraphCache
 from radiance_ar.overlap.lanes import Lanes
 from radiance_ar.overlap.scratch import ScratchPool
-from radiance_ar.streams import current_stream_handle, stream_object
+from radiance_ar.streams import capturing, current_stream_handle, stream_object
 
 #: the largest layer number a call signature carries (16 bits: CallSignature.words)
 MAX_LAYER = (1 << 16) - 1
@@ -41,7 +41,6 @@ class OverlapRuntime:
     _lanes: Lanes | None = None
     _stock: Backend | None = None
     _call_lock: threading.Lock = field(default_factory=threading.Lock)
-    _call_thread: str | None = None
     #: the thread of the first call: the only one whose calls are taken
     _owner: threading.Thread | None = None
     #: the raw handle of the stream the last call was enqueued on (GPU)
@@ -144,20 +143,17 @@ class OverlapRuntime:
         failed call does: a peer that made the call this rank refused raises too (the
         abort word, else its bound), and every call is refused until resync."""
         me = threading.current_thread()
-        if not self._call_lock.acquire(blocking=False):
-            self._refuse(f"thread {me.name!r} entered the op while thread "
-                         f"{self._call_thread!r} has a call in flight on this runtime")
+        if self._owner is not None and self._owner is not me:
+            self._refuse(f"thread {me.name!r} called the op, whose calls on this runtime "
+                         f"come from thread {self._owner.name!r}")
+        if not self._call_lock.acquire(blocking=False):  # two threads' first calls at once
+            self._refuse(f"thread {me.name!r} entered the op while another thread's first "
+                         "call is in flight on this runtime")
         try:
-            if self._owner is None:
-                self._owner = me
-            elif self._owner is not me:
-                self._refuse(f"thread {me.name!r} called the op, whose calls on this runtime "
-                             f"come from thread {self._owner.name!r}")
-            self._call_thread = me.name
+            self._owner = self._owner or me
             self._after_last_stream()
             yield
         finally:
-            self._call_thread = None
             self._call_lock.release()
 
     def _refuse(self, what: str) -> None:
@@ -165,8 +161,7 @@ class OverlapRuntime:
             f"radiance::linear_ar: {what}; calls are collective and must come from one thread "
             "per rank, in one order (to call from another thread, build the runtime again on "
             "every rank); this rank's calls are refused until resync")
-        if self.backend.signals is not None:
-            self.backend.signals.fail(error)
+        self.backend.fault(error)
         raise error
 
     def _after_last_stream(self) -> None:
@@ -181,7 +176,7 @@ class OverlapRuntime:
         stream = current_stream_handle(device)
         if stream == self._last_stream:
             return
-        if torch.cuda.is_current_stream_capturing():
+        if capturing(device):
             return
         if self._last_stream is not None:
             stream_object(stream, device).wait_stream(stream_object(self._last_stream, device))

@@ -25,6 +25,7 @@ from radiance_ar.transport.runtime_errors import MASK32
 from radiance_ar.transport.peer_memory import PeerBuffer
 from radiance_ar.transport.signals import _HEADER, RING, SLOT_BYTES, Signals, _word
 from radiance_ar.transport.tokens import Awaited, Inbox, TokenRound, token_value, word
+from radiance_ar.streams import capturing
 
 
 class GpuSignals(GpuDiagnosis, Signals):
@@ -111,7 +112,7 @@ class GpuSignals(GpuDiagnosis, Signals):
     @contextlib.contextmanager
     def call(self, sig: CallSignature) -> Iterator[int]:
         if self.round is None:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            if capturing(self.engine.device):
                 raise RuntimeError(
                     f"{self.owner}: an all_reduce called directly inside a CUDA-graph capture: "
                     "its flags would carry this call's numbered tags, which every replay "

@@ -70,16 +70,15 @@ payload makes that block of the sum NaN.
 Error (``python tools/bench_codec.py``: 1024x5120 bf16 per rank, W = 2, 4, 8 summed by
 decode_accumulate vs a float64 sum), as a ratio to the relative RMS error of the
 QuickReduce INT6 baseline (``baseline_int6.py``): 0.98 Gaussian, 0.58 Student-t(3), 0.33
-outlier channels, 0.98-0.99 outlier tokens. Known limit (a review, 2026-12-05, CPU
-reference and kernels under Triton's interpreter): the lowest magnitude level decodes to
-L(0) s_g ~ 0.012 s_g, not 0, so where few rotated values hold a sub-block's energy
-(constant sub-blocks) the other 31 codes carry equal errors that add up on one element:
-relative RMS error 0.068 on constant sub-blocks (INT6: 0), 1.37x the value at worst
-(`decode(encode(ones(1, 256)))[0, 0]` = 1.371), so such a sub-block decodes to NaN from
-about 0.727 of the output dtype's max (fp16: a constant 47000 decodes to 64576 and 46528,
-48000 to NaN; inside the range 6. states). A zero
-level 0 would cut that error to 0.009 (reference only, not on a GPU) at 0.0218 against
-0.0209 on Gaussian data; not changed: the format's kernels have not run since. The alternative formats this one was
+outlier channels, 0.98-0.99 outlier tokens. Known limit (found in a review, 2026-12-05):
+the lowest magnitude level decodes to L(0) s_g ~ 0.012 s_g, not 0, so where few rotated
+values hold a sub-block's energy (constant sub-blocks) the other 31 codes carry equal
+errors that add up on one element. On the CPU reference (``decode(encode(x), shape,
+torch.float32)`` on 64 x 256 bf16 rows, each sub-block of 32 one random constant):
+relative RMS error 0.068 (INT6, ``baseline_int6.round_trip``: 0; Gaussian rows: 0.021);
+``ones(1, 256)`` decodes to 1.371 at [0, 0]; in fp16 a constant 47000 decodes to 64576
+and 46528, and 48000 to NaN, inside the range 6. states. A level 0 that decodes to 0
+would remove it; the format is left as it is until its kernels can run on a GPU. The alternative formats this one was
 measured against, with their errors, and the Student-t target it does not meet are in
 docs/history.md ('The wht6 codec: what was tried').
 """

@@ -25,6 +25,7 @@ import torch
 
 from radiance_ar import envs
 from radiance_ar.wht6 import reference
+from radiance_ar.streams import capturing
 
 #: (T, num_warps) candidates the sweep times; T / (32 num_warps) sub-blocks per thread.
 CANDIDATES = ((64, 2), (128, 4), (256, 8), (32, 1), (256, 4), (512, 8))
@@ -73,7 +74,7 @@ def levels(device: torch.device) -> torch.Tensor:
     ``device`` (their bits are the reference's), built once per device and kept."""
     table = _levels.get(device)
     if table is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing(device):
             raise RuntimeError("wht6: the first decode on a device must run outside CUDA graph "
                                "capture (it uploads the level table); decode once before capturing")
         table = _levels[device] = reference.signed_levels(reference.HEADROOM).to(device)
