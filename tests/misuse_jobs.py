@@ -102,6 +102,30 @@ def disagree_on_m_job(world: World, backend: str, timeout_ms: float) -> dict:
     return _resync_and_good_call(rt, world, {"calls": [_call(rt, world, mine, 32, 3, theirs)]})
 
 
+#: per shared backend setting (``Backend.shared_settings``), rank 0's and rank 1's values
+DISAGREEING_SETTINGS = {"sdma_schedule": ("oneshot", "twoshot"), "oneshot_ctas": (32, 16)}
+
+
+def disagree_on_settings_job(world: World, backend: str, timeout_ms: float) -> dict:
+    """The ranks set one of the backend's shared settings differently: building the
+    runtime must fail on both. A runtime built alike afterwards is right."""
+    from radiance_ar import backends
+
+    field = backends.get(backend).shared_settings[0]
+    settings = BackendSettings(spin_timeout_ms=timeout_ms,
+                               **{field: DISAGREEING_SETTINGS[field][world.rank]})
+    try:
+        overlap.build(world, OverlapSettings(True, backend, MIN_M, SLICES, settings)).close()
+        res = {"build": {}}
+    except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
+        res = {"build": {"error": type(e).__name__, "message": str(e)}}
+    dist.barrier(group=world.group)
+    alike = _runtime(world, backend, timeout_ms)
+    res["after"] = _call(alike, world, 64, 32, seed=99)
+    alike.close()
+    return res
+
+
 def mixed_paths_job(world: World, backend: str, timeout_ms: float) -> dict:
     """Rank 1 has M = 40 (< MIN_M: decode path, the vendor all-reduce); rank 0 slices 64."""
     rt = _runtime(world, backend, timeout_ms)

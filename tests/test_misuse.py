@@ -9,6 +9,8 @@ import torch
 
 import misuse_jobs
 import world_jobs
+from radiance_ar import backends
+from radiance_ar.envs import BackendSettings
 
 BOUND_MS = 200.0
 BACKENDS = world_jobs.waiting_backends()
@@ -54,6 +56,22 @@ def test_ranks_that_disagree_on_m_raise_a_mismatch_naming_both_views(pool, backe
     mismatch = next(r["calls"][0]["message"] for r in res
                     if r["calls"][0]["error"] == "CollectiveMismatchError")
     assert "M=64" in mismatch and "M=48" in mismatch, mismatch
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranks_with_different_shared_settings_fail_to_build_on_every_rank(pool, backend):
+    """E.g. RADIANCE_AR_SDMA_SCHEDULE oneshot on rank 0, twoshot on rank 1: such ranks
+    would pair up calls that move different bytes, so building the backend fails on both,
+    naming the variable and each rank's value."""
+    res = pool.run(misuse_jobs.disagree_on_settings_job, backend, BOUND_MS)
+    field = backends.get(backend).shared_settings[0]
+    values = misuse_jobs.DISAGREEING_SETTINGS[field]
+    for rank, r in enumerate(res):
+        assert r["build"].get("error") == "ValueError", (rank, r["build"])
+        message = r["build"]["message"]
+        assert BackendSettings.KNOB_OF[field] in message, message
+        assert f"rank 0: {values[0]!r}, rank 1: {values[1]!r}" in message, message
+    world_jobs.assert_right_on_every_rank([r["after"] for r in res])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -20,6 +20,7 @@ import contextlib
 from typing import TYPE_CHECKING, Callable, ClassVar, Hashable, Iterator
 
 import torch
+import torch.distributed as dist
 
 from radiance_ar.call_contract import CallSignature
 from radiance_ar.envs import BackendSettings
@@ -60,6 +61,18 @@ def check_capacity_args(who: str, max_rows: int, cols: int, dtype: torch.dtype) 
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{who}.ensure_capacity: dtype {dtype}, expected one of "
                         f"{SUPPORTED_DTYPES}")
+
+
+def settings_disagreement(fields: tuple[str, ...], per_rank: list) -> str | None:
+    """Why ranks whose ``BackendSettings`` are ``per_rank`` cannot run one backend together:
+    the ``fields`` whose values differ, each with its variable and every rank's value
+    (None: they agree). Pure, so CPU tests check the message."""
+    differ = [f for f in fields if len({repr(getattr(s, f)) for s in per_rank}) > 1]
+    if not differ:
+        return None
+    return "; ".join(f"{BackendSettings.KNOB_OF[f]} differs between ranks ("
+                     + ", ".join(f"rank {r}: {getattr(s, f)!r}" for r, s in enumerate(per_rank))
+                     + ")" for f in differ) + ": every rank must set it alike"
 
 
 def copy_unless_same(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -106,6 +119,9 @@ class Backend(abc.ABC):
     held: bool = False
     #: the cross-rank flags of a backend with a protocol of its own (None: the vendor's)
     signals: "Signals | None" = None
+    #: ``BackendSettings`` fields every rank must set alike, because they decide which
+    #: bytes and flags a call moves; checked across the ranks when the backend is built
+    shared_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, world: World, settings: BackendSettings | None = None):
         reason = self.unsupported_reason(world)
@@ -119,12 +135,27 @@ class Backend(abc.ABC):
         self.world = world
         #: the backend knobs (validated when the settings were built); read nothing else
         self.settings = settings
+        self._check_settings_agree()
         #: (M, K, layer) of the linear whose slices are being reduced (:meth:`set_call_key`);
         #: it joins every call's signature, so ranks in different linears do not pair up
         self._call_key: tuple[int, int, int] = (0, 0, 0)
         #: RADIANCE_AR_BACKEND=auto: the tuning word every call's signature carries
         #: (``CallSignature.tuning``; set by the auto runtime that built this backend)
         self.tuning_word = 0
+
+    def _check_settings_agree(self) -> None:
+        """Collective where the ranks are processes (``world.group``): ``ValueError`` on
+        every rank if they set a :attr:`shared_settings` field differently. Ranks set so
+        would pair up calls that move different bytes (a one-shot rank reading a whole
+        peer input where a two-shot peer published a reduced shard): a wrong sum, or a
+        wait no flag ends. Emulated ranks share one process and its settings."""
+        if not self.shared_settings or self.world.group is None or self.world.size == 1:
+            return
+        per_rank: list = [None] * self.world.size
+        dist.all_gather_object(per_rank, self.settings, group=self.world.group)
+        reason = settings_disagreement(self.shared_settings, per_rank)
+        if reason is not None:
+            raise ValueError(f"backend {self.name!r} on rank {self.world.rank}: {reason}")
 
     def set_call_key(self, rows: int, k: int, layer: int = 0) -> None:
         """The op, before a call's slices: M and K of the whole linear and the layer's

@@ -82,6 +82,8 @@ class OneshotWht6Backend(Backend):
     rel_rms_bound = 2.0 ** -5
     quantized = True  # wht6 payloads (6.25 bits/value)
     waits_on_peers = True
+    # each CTA owns its rows' tiles and flag slots: ranks with other counts cut them apart
+    shared_settings = ("oneshot_ctas",)
     # Unsliced at M = 8192, the prefill size the project targets first (H200, 4 emulated
     # ranks, tools/results/2026-12-03-h200-final-2/): the op ran 3.312 ms at S = 1 against
     # 3.490 (S = 4) and 3.889 (S = 8). At M = 16384 S = 4 was 3.5% faster (6.540 against

@@ -66,6 +66,7 @@ class TransportBackend(Backend):
     uses_compute_units_while_waiting = False
     capture_safe = False
     waits_on_peers = True
+    shared_settings = ("sdma_schedule",)
     #: the emulated world gives ``red`` a device stage (the reduced bytes are computed
     #: into device memory, then published D2H)
     stage_reduced: ClassVar[bool] = False
@@ -83,9 +84,11 @@ class TransportBackend(Backend):
         """``settings``: ``sdma_schedule`` and ``spin_timeout_ms`` (default: the
         environment's). ``schedule`` fixes the schedule whatever the settings say (a
         probe of one schedule); checked alike."""
+        if schedule is not None:  # a wrong type is Backend's to refuse
+            given = BackendSettings.from_env() if settings is None else settings
+            settings = given.replace(sdma_schedule=schedule) if isinstance(
+                given, BackendSettings) else given
         super().__init__(world, settings)
-        if schedule is not None:
-            self.settings = self.settings.replace(sdma_schedule=schedule)
         self.schedule = self.settings.sdma_schedule
         self.uses_compute_units_while_waiting, self.compute_unit_note = COMPUTE_UNITS[
             (world.kind, platform(world.device))]
