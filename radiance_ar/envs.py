@@ -146,7 +146,8 @@ KNOBS: dict[str, Knob] = {
              lo=SPIN_TIMEOUT_MS_RANGE[0], hi=SPIN_TIMEOUT_MS_RANGE[1], field="spin_timeout_ms"),
         Knob("RADIANCE_AR_SDMA_SCHEDULE", str, "auto",
              "transfer schedule of `sdma` and `sdma_wht6`; `auto` picks by message size and "
-             "world size",
+             "world size. Under `RADIANCE_AR_BACKEND=auto` it must be the setting the tuning "
+             "table was measured with (the shipped one: `auto`), else start-up stops",
              words=SDMA_SCHEDULES, field="sdma_schedule"),
         Knob("RADIANCE_AR_ONESHOT_CTAS", int, 32,
              "CTAs (workgroups) the spin-wait `oneshot_wht6` kernel holds; vLLM's custom AR "

@@ -111,6 +111,8 @@ def test_a_shape_the_table_did_not_measure_raises_naming_the_file(table_file):
                  "rows": [ROWS[4]]}).encode(), "holds no correct, timed row"),
     (json.dumps({"format": tuning.FORMAT, "version": 1, "rows": ROWS}).encode(),
      "header: 'device' missing"),
+    (json.dumps({"format": tuning.FORMAT, "version": 1, **HEADER, "sdma_schedule": "eager",
+                 "rows": ROWS}).encode(), "sdma_schedule 'eager': expected one of auto"),
 ])
 def test_a_bad_or_stale_tuning_file_raises_naming_it(tmp_path, content, expected):
     path = str(tmp_path / "bad.json")
@@ -122,6 +124,34 @@ def test_a_bad_or_stale_tuning_file_raises_naming_it(tmp_path, content, expected
     settings = OverlapSettings(True, "auto", 16, "auto", tuning=path)
     with pytest.raises(ValueError, match=f"tuning file {path}"):
         auto.table_for(settings)
+
+
+@pytest.mark.parametrize("measured", [None, "auto", "twoshot"])
+def test_auto_refuses_a_schedule_setting_its_table_was_not_measured_with(tmp_path, measured,
+                                                                        monkeypatch):
+    """A child backend runs the environment's RADIANCE_AR_SDMA_SCHEDULE, so the table's
+    sdma rows hold its times only if the tune ran with the same setting (a file without
+    the key was measured with the default, auto)."""
+    from types import SimpleNamespace
+
+    path = str(tmp_path / "t.json")
+    header = HEADER if measured is None else dict(HEADER, sdma_schedule=measured)
+    tuning.dump(path, header, ROWS)
+    table = tuning.load(path)
+    assert table.sdma_schedule == (measured or "auto")
+    world = SimpleNamespace(size=2, rank=0, emulated=False, device=torch.device("cpu"))
+    monkeypatch.setattr(auto, "usable_in", lambda w: lambda name: True)  # no gates to read
+    for schedule in envs.SDMA_SCHEDULES:
+        settings = OverlapSettings(True, "auto", 16, "auto", envs.BackendSettings(
+            sdma_schedule=schedule), tuning=path)
+        if schedule == table.sdma_schedule:
+            auto.AutoChoices(world, settings, table)
+            continue
+        with pytest.raises(ValueError) as e:
+            auto.AutoChoices(world, settings, table)
+        assert str(e.value).startswith(f"RADIANCE_AR_SDMA_SCHEDULE={schedule} with "
+                                       "RADIANCE_AR_BACKEND=auto: tuning file"), e.value
+        assert f"measured with RADIANCE_AR_SDMA_SCHEDULE={table.sdma_schedule}" in str(e.value)
 
 
 def test_the_shipped_table_is_labelled_h200_and_chooses_its_fastest_rows():

@@ -201,5 +201,7 @@ def test_backend_knobs_set_away_from_their_defaults_are_in_the_note():
                BackendSettings(sdma_schedule="twoshot"))}
     head = tune_module.header_of(hdr, "tune.py", "my note")
     assert head["note"] == "backend knobs: sdma_schedule=twoshot. my note"
+    assert head["sdma_schedule"] == "twoshot"  # structured too: auto checks it
     hdr["backend_settings"] = dataclasses.asdict(BackendSettings())
     assert tune_module.header_of(hdr, "tune.py", "")["note"] == ""
+    assert tune_module.header_of(hdr, "tune.py", "")["sdma_schedule"] == "auto"

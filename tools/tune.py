@@ -119,15 +119,15 @@ def row_key(row: dict) -> tuple:
 def resumed_rows(path: str, head: dict, k: int) -> tuple[list[dict], str]:
     """``--resume``: the rows of the tuning file at ``path`` and its command (none if it
     does not exist); ``ValueError`` naming it if it is not a tuning file, or if it was
-    measured on another device, world or runtime, or with another K, than this run (a
-    resume never mixes machines)."""
+    measured on another device, world, runtime or sdma schedule setting, or with another K,
+    than this run (a resume never mixes machines or settings)."""
     try:
         table = tuning.load(path)
     except ValueError:
         if not os.path.exists(path):
             return [], ""
         raise
-    theirs = {key: getattr(table, key) for key in ("device", "world", "runtime")}
+    theirs = {key: getattr(table, key) for key in ("device", "world", "runtime", "sdma_schedule")}
     ours = {key: head[key] for key in theirs}
     if theirs != ours:
         raise ValueError(f"--resume {path}: measured on {theirs}, this run is {ours}; "
@@ -153,7 +153,8 @@ def header_of(hdr: dict, command: str, note: str = "") -> dict:
         note = ("a CPU world (gloo + shared memory): every result was checked, but the "
                 "times mean nothing; tune on the GPU machine that serves. " + note).strip()
     return {"device": hdr["device"], "runtime": runtime, "world": hdr["world"],
-            "measured_at": hdr["date"], "command": command, "note": note}
+            "measured_at": hdr["date"], "command": command, "note": note,
+            "sdma_schedule": hdr.get("backend_settings", {}).get("sdma_schedule", "auto")}
 
 
 def summary(table: tuning.TuningTable, markdown: bool = False) -> str:

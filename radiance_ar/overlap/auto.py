@@ -81,6 +81,9 @@ class AutoChoices:
     """The auto runtime's table, its word, its per-shape choices and child runtimes."""
 
     def __init__(self, world: "World", settings: OverlapSettings, table: tuning.TuningTable):
+        reason = tuning.schedule_reason(table, settings.backend_settings.sdma_schedule)
+        if reason is not None:
+            raise ValueError(reason)
         self.world, self.settings, self.table = world, settings, table
         usable = usable_in(world)
         #: the backends of the table this rank can run: ranks whose environments differ

@@ -8,6 +8,8 @@ producer, each with its measured op time. Its JSON::
      "device": "NVIDIA H200", "runtime": "torch 2.11.0+cu130, cuda 13.0",
      "world": "gpu-emulated", "measured_at": "2026-12-04T05:22:58", "command": "...",
      "note": "...",                       # optional: where the rows came from
+     "sdma_schedule": "auto",             # optional (default auto): the tune's
+                                          # RADIANCE_AR_SDMA_SCHEDULE
      "rows": [{"backend": "sdma", "schedule": "oneshot", "W": 2, "N": 5120, "K": 4352,
                "M": 8192, "producer": "bf16", "slices": 4, "plan": "uniform",
                "t_ms": 2.0038, "spread_ms": 0.01, "correct": true}, ...]}
@@ -50,7 +52,7 @@ from fractions import Fraction
 from typing import Any, Callable, Iterable
 
 from radiance_ar import backends
-from radiance_ar.envs import ACCURACY_CLASSES, OVERLAP_PLANS
+from radiance_ar.envs import ACCURACY_CLASSES, OVERLAP_PLANS, SDMA_SCHEDULES
 
 FORMAT = "radiance-ar-tuning"
 #: bump when a row's meaning changes: a file of another version is refused, not guessed at
@@ -168,6 +170,9 @@ class TuningTable:
     #: sha256 of the file's bytes: two ranks with equal digests hold the same table
     digest: str
     note: str = ""
+    #: RADIANCE_AR_SDMA_SCHEDULE of the runs the rows come from: sdma's and sdma_wht6's
+    #: rows hold that setting's times (:func:`schedule_reason`)
+    sdma_schedule: str = "auto"
 
     @property
     def shipped(self) -> bool:
@@ -250,11 +255,26 @@ def _parse(path: str, data: bytes, digest: str) -> TuningTable:
         raise _fail(path, f"is version {obj.get('version')!r}; this radiance-ar reads version "
                           f"{VERSION} (the file is stale)")
     _checked(path, obj, _HEADER_KEYS, "header")
+    schedule = obj.get("sdma_schedule", "auto")
+    if schedule not in SDMA_SCHEDULES:
+        raise _fail(path, f"sdma_schedule {schedule!r}: expected one of {', '.join(SDMA_SCHEDULES)}")
     rows = tuple(_row(path, i, r) for i, r in enumerate(obj["rows"]))
     if not any(r.correct for r in rows):
         raise _fail(path, "holds no correct, timed row")
     return TuningTable(path, obj["device"], obj["runtime"], obj["world"], obj["measured_at"],
-                       obj["command"], rows, digest, obj.get("note", ""))
+                       obj["command"], rows, digest, obj.get("note", ""), schedule)
+
+
+def schedule_reason(table: TuningTable, sdma_schedule: str) -> str | None:
+    """Why ``auto`` cannot choose from ``table`` with RADIANCE_AR_SDMA_SCHEDULE set to
+    ``sdma_schedule`` (None: it can): its sdma and sdma_wht6 rows are times of another
+    schedule setting, and a child backend runs the environment's."""
+    if sdma_schedule == table.sdma_schedule:
+        return None
+    return (f"RADIANCE_AR_SDMA_SCHEDULE={sdma_schedule} with RADIANCE_AR_BACKEND=auto: "
+            f"{table.describe()} was measured with RADIANCE_AR_SDMA_SCHEDULE="
+            f"{table.sdma_schedule}, so its sdma and sdma_wht6 times are not this setting's; "
+            "set it as the table was measured, or tune with it set (tools/tune.py)")
 
 
 def shipped() -> TuningTable:
