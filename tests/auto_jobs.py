@@ -93,3 +93,18 @@ def mixed_paths_job(world: World, tuning: str) -> dict:
     dist.barrier(group=world.group)
     rt.close()
     return result
+
+
+def build_with_schedule_job(world: World, tuning: str, schedules: list[str]) -> dict:
+    """Build an auto runtime with RADIANCE_AR_SDMA_SCHEDULE ``schedules[rank]``: the
+    error it raised (or none), and how long building took."""
+    import time
+
+    start = time.monotonic()
+    settings = OverlapSettings(True, "auto", MIN_M, "auto", BackendSettings(
+        spin_timeout_ms=500.0, sdma_schedule=schedules[world.rank]), tuning=tuning)
+    try:
+        overlap.build(world, settings).close()
+        return {"seconds": time.monotonic() - start}
+    except Exception as e:  # noqa: BLE001 -- the test inspects what was raised
+        return {"error": type(e).__name__, "message": str(e), "seconds": time.monotonic() - start}

@@ -322,6 +322,20 @@ def pool(cpu_world):
     return cpu_world(2)
 
 
+@pytest.mark.parametrize("schedules", [["twoshot", "auto"], ["oneshot", "oneshot"]])
+def test_a_schedule_setting_the_table_lacks_stops_every_rank_at_once(pool, tmp_path, schedules):
+    """Ranks set differently, or alike but not as the table was measured: every rank
+    raises ValueError while building, none waits for a peer that gave up."""
+    path = str(tmp_path / "tuning.json")
+    tuning.dump(path, HEADER, ROWS)
+    res = pool.run(auto_jobs.build_with_schedule_job, path, schedules)
+    for r in res:
+        assert r.get("error") == "ValueError" and r["seconds"] < 10, r
+        assert "RADIANCE_AR_SDMA_SCHEDULE" in r["message"], r
+    if schedules[0] != schedules[1]:
+        assert "rank 0: 'twoshot', rank 1: 'auto'" in res[0]["message"], res[0]
+
+
 @pytest.mark.parametrize("accuracy", ["exact", "quantized"])
 def test_the_op_under_auto_runs_each_calls_choice_and_is_right(pool, tmp_path, accuracy):
     path = str(tmp_path / "tuning.json")

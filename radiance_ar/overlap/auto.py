@@ -255,7 +255,13 @@ def build_auto(world: "World", settings: OverlapSettings) -> tuple["Backend", Au
     table = table_for(settings)
     announce(table, str(world.device) if world.device.type == "cpu"
              else torch.cuda.get_device_name(world.device))
-    choices = AutoChoices(world, settings, table)  # first: it may raise, and builds nothing
+    # The contract first: building it compares the ranks' shared settings (all raise if
+    # they differ), so the table's schedule check below fails on every rank or on none.
     contract = backends.get(CONTRACT_BACKEND)(world, settings.backend_settings)
+    try:
+        choices = AutoChoices(world, settings, table)
+    except BaseException:
+        contract.close()
+        raise
     contract.tuning_word = choices.word
     return contract, choices
