@@ -82,6 +82,8 @@ def test_table_has_every_column_and_marks_wrong_and_missing():
     assert "1.02x±0.01" in lines[3] and "1.625" in lines[3] and "12.5" in lines[3]
     assert "max abs" not in lines[0]  # JSON/CSV only
     assert " - " in lines[2] + " "  # contention None prints as '-'
+    host_bound = dict(RECORDS[1], slice_overhead_us=None, slice_overhead_host_bound=True)
+    assert " host " in report.table([host_bound]).splitlines()[2]
 
 
 def test_json_and_csv_round_trip(tmp_path):
@@ -171,6 +173,13 @@ def test_derived_figures_and_missing_inputs():
     assert d["speedup_bound"] == pytest.approx(6.0 / 4.5)
     assert d["slice_overhead_us"] == pytest.approx(50.0) and d["t_ar_sliced_ms"] == 2.2
     assert d["bus_gbs"] == pytest.approx(1000.0) and d["link_efficiency"] == pytest.approx(1.0)
+    assert d["slice_overhead_host_bound"] is False  # no host time: a CPU-style timer
+    d = metrics.derived(dict(t, ar_sliced_host=2.0), [0, 2, 4, 6, 8], 2 * 10 ** 9)
+    assert d["slice_overhead_us"] == pytest.approx(50.0) and not d["slice_overhead_host_bound"]
+    # each sample is max(device, host): a host median that reaches the median is the host's
+    d = metrics.derived(dict(t, ar_sliced_host=2.2), [0, 2, 4, 6, 8], 2 * 10 ** 9)
+    assert d["slice_overhead_us"] is None and d["slice_overhead_host_bound"] is True
+    assert d["t_ar_sliced_ms"] == 2.2
     d = metrics.derived(dict(t, ar_sliced=None), [0, 2, 4, 6, 8], 2 * 10 ** 9)
     assert d["slice_overhead_us"] is None and d["t_ar_sliced_ms"] is None
     assert d["link_gbs"] is None and d["link_efficiency"] is None

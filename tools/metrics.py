@@ -9,6 +9,7 @@
     efficiency = bound / T_ovl                                  1: the op reaches its ideal
     speedup bound = T_serial / bound                            the speedup at efficiency 1
     slice overhead = (T_ar of S back-to-back slice ARs - T_ar unsliced) / S
+                     (None where the host enqueued those calls slower than they ran)
     link efficiency = bus GB/s / link GB/s                      the AR's share of its raw link
 
 Every T is a median of the same run, in ms; contention alone is a ratio of MEANS over
@@ -16,7 +17,8 @@ its GEMM starts (tools/gpu_timing.contention_record: a median would drop the sta
 meet the AR's reduce). Record keys: ``bound_ms``, ``efficiency``,
 ``speedup_bound``, ``contention`` and ``contention_spread`` (half its IQR over T_gemm
 alone, >= 20 repeats), ``t_ar_sliced_ms`` and ``slice_overhead_us`` (None where S = 1),
-``bus_gbs``, ``link_gbs`` (tools/link.py; None on CPU worlds) and ``link_efficiency``.
+``slice_overhead_host_bound``, ``bus_gbs``, ``link_gbs`` (tools/link.py; None on CPU
+worlds) and ``link_efficiency``.
 """
 
 from __future__ import annotations
@@ -97,6 +99,20 @@ def slice_overhead_us(t_ar_sliced_ms: float, t_ar_ms: float, slices: int) -> flo
     return (t_ar_sliced_ms - t_ar_ms) / slices * 1e3
 
 
+#: a timed median whose host median reaches this share of it is the host's: each sample is
+#: max(device, host) of one stream of calls (tools/gpu_timing.event_times), so the two
+#: medians meet only where the host is the slower side. The sliced AR that showed it
+#: (sdma_wht6, W = 2, S = 4, H100, tools/results/2026-12-05-h100-urgent-streams-ab/
+#: ab_lane_w2_a.csv) had them equal to 1e-15 ms, eager calls costing 334 us of host each.
+HOST_BOUND_SHARE = 0.99
+
+
+def host_bound(t_ms: float, t_host_ms: float | None) -> bool:
+    """Whether a timed median ``t_ms`` is the host's time (its host median ``t_host_ms``
+    reaches it; None: no host time, as on CPU worlds)."""
+    return t_host_ms is not None and t_host_ms >= HOST_BOUND_SHARE * t_ms
+
+
 def link_efficiency(bus_gbs: float, link_gbs: float) -> float:
     """The AR's bus bandwidth as a share of the raw link's, measured in the same run."""
     if not link_gbs > 0:
@@ -115,12 +131,16 @@ def derived(t: Mapping[str, float | None], bounds: Sequence[int], wire_bytes: in
     optionally ar_sliced, None where not measured) and the row bounds the op ran.
 
     Keys: slices_run (S after clamping to the rows), speedup, hidden, bound_ms, efficiency,
-    speedup_bound, t_ar_sliced_ms, slice_overhead_us,
-    bus_gbs, link_gbs, link_efficiency; a figure whose input is missing is None."""
+    speedup_bound, t_ar_sliced_ms, slice_overhead_us, slice_overhead_host_bound,
+    bus_gbs, link_gbs, link_efficiency; a figure whose input is missing is None. Where
+    the sliced AR's time is its host's (``ar_sliced_host``: :func:`host_bound`), the
+    slice overhead would be Python's enqueue time, not the device's: None, and
+    ``slice_overhead_host_bound`` says so."""
     slices = len(bounds) - 1
     bound = bound_ms(t["gemm"], t["ar"], bounds)
     bus = bus_bandwidth_gbs(wire_bytes, t["ar"])
     sliced = t.get("ar_sliced")
+    by_host = sliced is not None and host_bound(sliced, t.get("ar_sliced_host"))
     return {
         "slices_run": slices,
         "speedup": speedup(t["serial"], t["ovl"]),
@@ -129,7 +149,9 @@ def derived(t: Mapping[str, float | None], bounds: Sequence[int], wire_bytes: in
         "efficiency": efficiency(bound, t["ovl"]),
         "speedup_bound": speedup_bound(t["serial"], bound),
         "t_ar_sliced_ms": sliced,
-        "slice_overhead_us": None if sliced is None else slice_overhead_us(sliced, t["ar"], slices),
+        "slice_overhead_us": (None if sliced is None or by_host
+                              else slice_overhead_us(sliced, t["ar"], slices)),
+        "slice_overhead_host_bound": by_host,
         "bus_gbs": bus,
         "link_gbs": link_gbs,
         "link_efficiency": None if link_gbs is None else link_efficiency(bus, link_gbs),

@@ -105,7 +105,9 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
     ``t_<key>_spread_ms`` / ``t_<key>_host_ms``; where the op slices, also
     ``ar_sliced``: the AR of the whole tensor called once per row slice, as the op calls
     it (a step the op runs ahead on the GEMM's stream, ``Backend.encode_ahead``, is inside
-    each call here: the bound then counts it once, on the AR's side). Returns (the op's row bounds: S clamped to M rows, the medians by key)."""
+    each call here: the bound then counts it once, on the AR's side). Returns (the op's
+    row bounds: S clamped to M rows, the medians by key, and by ``<key>_host`` the host's
+    medians where the timer gives them)."""
     bounds = slice_plan(case, case.slices)
 
     def ar_sliced(i):
@@ -120,7 +122,7 @@ def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor,
         times[key] = med
         record[f"t_{key}_ms"], record[f"t_{key}_spread_ms"] = med, spread
         if host:
-            record[f"t_{key}_host_ms"] = host[0]
+            record[f"t_{key}_host_ms"] = times[f"{key}_host"] = host[0]
     return bounds, times
 
 
