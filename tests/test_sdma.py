@@ -112,6 +112,8 @@ def test_schedule_and_timeout_settings_are_checked():
         BackendSettings(spin_timeout_ms=0)
     with pytest.raises(TypeError, match="settings must be a radiance_ar.envs.BackendSettings"):
         SdmaBackend(single_world(), "twoshot")
+    with pytest.raises(TypeError, match="settings must be a radiance_ar.envs.BackendSettings"):
+        SdmaBackend(single_world(), "twoshot", schedule="oneshot")  # the override checks it too
     be = SdmaBackend(single_world(), BackendSettings(sdma_schedule="twoshot",
                                                      spin_timeout_ms=300))
     assert be.schedule == "twoshot"

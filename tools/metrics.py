@@ -103,7 +103,7 @@ def slice_overhead_us(t_ar_sliced_ms: float, t_ar_ms: float, slices: int) -> flo
 #: max(device, host) of one stream of calls (tools/gpu_timing.event_times), so the two
 #: medians meet only where the host is the slower side. The sliced AR that showed it
 #: (sdma_wht6, W = 2, S = 4, H100, tools/results/2026-12-05-h100-urgent-streams-ab/
-#: ab_lane_w2_a.csv) had them equal to 1e-15 ms, eager calls costing 334 us of host each.
+#: ab_lane_w2_a.csv) had them equal, eager calls costing 334 us of host each.
 HOST_BOUND_SHARE = 0.99
 
 

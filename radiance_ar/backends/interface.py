@@ -127,14 +127,9 @@ class Backend(abc.ABC):
         reason = self.unsupported_reason(world)
         if reason is not None:
             raise ValueError(f"backend {self.name!r} cannot run here: {reason}")
-        if settings is None:
-            settings = BackendSettings.from_env()
-        elif not isinstance(settings, BackendSettings):
-            raise TypeError(f"backend {self.name!r}: settings must be a "
-                            f"radiance_ar.envs.BackendSettings, got {type(settings).__name__}")
         self.world = world
         #: the backend knobs (validated when the settings were built); read nothing else
-        self.settings = settings
+        self.settings = self.settings_or_env(settings)
         self._check_settings_agree()
         #: (M, K, layer) of the linear whose slices are being reduced (:meth:`set_call_key`);
         #: it joins every call's signature, so ranks in different linears do not pair up
@@ -142,6 +137,16 @@ class Backend(abc.ABC):
         #: RADIANCE_AR_BACKEND=auto: the tuning word every call's signature carries
         #: (``CallSignature.tuning``; set by the auto runtime that built this backend)
         self.tuning_word = 0
+
+    @classmethod
+    def settings_or_env(cls, settings: BackendSettings | None) -> BackendSettings:
+        """``settings``, or the environment's where None; ``TypeError`` for anything else."""
+        if settings is None:
+            return BackendSettings.from_env()
+        if not isinstance(settings, BackendSettings):
+            raise TypeError(f"backend {cls.name!r}: settings must be a "
+                            f"radiance_ar.envs.BackendSettings, got {type(settings).__name__}")
+        return settings
 
     def _check_settings_agree(self) -> None:
         """Collective where the ranks are processes (``world.group``): ``ValueError`` on

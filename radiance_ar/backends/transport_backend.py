@@ -84,10 +84,8 @@ class TransportBackend(Backend):
         """``settings``: ``sdma_schedule`` and ``spin_timeout_ms`` (default: the
         environment's). ``schedule`` fixes the schedule whatever the settings say (a
         probe of one schedule); checked alike."""
-        if schedule is not None:  # a wrong type is Backend's to refuse
-            given = BackendSettings.from_env() if settings is None else settings
-            settings = given.replace(sdma_schedule=schedule) if isinstance(
-                given, BackendSettings) else given
+        if schedule is not None:  # before Backend compares the ranks' settings
+            settings = self.settings_or_env(settings).replace(sdma_schedule=schedule)
         super().__init__(world, settings)
         self.schedule = self.settings.sdma_schedule
         self.uses_compute_units_while_waiting, self.compute_unit_note = COMPUTE_UNITS[
