@@ -176,6 +176,30 @@ def test_an_arms_slices_are_the_ops_choice_per_chunk():
     assert prefill_measure.settings(fixed, "sdma_wht6").slices == 3
 
 
+def test_an_on_arms_bound_uses_the_slices_it_cut_each_chunk_into():
+    # tp 2, sdma_wht6 auto: 8 slices of the 8192-row chunk, 2 of the 2048-row one
+    spec = prefill_measure.Spec(TINY, layers=3, chunk_rows=(8192, 2048))
+    per = {"8192": {"t_ar_ms": 4.0, "t_o_proj_ms": 1.0, "t_down_proj_ms": 2.0},
+           "2048": {"t_ar_ms": 1.0, "t_o_proj_ms": 0.25, "t_down_proj_ms": 0.5}}
+    off = {"t_prefill_ms": 100.0, "per_chunk_rows": per}
+    on = {"backend": "sdma_wht6", "t_prefill_ms": 95.0}
+    model = SimpleNamespace(producer=producers.get("bf16"))
+    prefill_measure.add_bound(spec, model, on, off)
+    # by hand, AR-bound everywhere (bound = AR + GEMM / S; hidden = GEMM (1 - 1/S)):
+    # 3 layers x (1.0 + 2.0) x 7/8 at 8192 rows, 3 x (0.25 + 0.5) x 1/2 at 2048
+    hidden = 3 * 3.0 * 7 / 8 + 3 * 0.75 / 2
+    assert on["bound_ms"] == pytest.approx(100.0 - hidden)
+    assert on["speedup_bound"] == pytest.approx(100.0 / (100.0 - hidden))
+    assert on["efficiency"] == pytest.approx((100.0 - hidden) / 95.0)
+    # a process world's on backend with an all-reduce of its own (half the serial arm's)
+    on2 = {"backend": "sdma_wht6", "t_prefill_ms": 95.0}
+    prefill_measure.add_bound(spec, model, on2, off, {8192: 2.0, 2048: 0.5})
+    # (AR-bound: its all-reduce then its first GEMM slice, against GEMMs + serial ARs)
+    saved = (3 * (3.0 + 2 * 4.0 - (2.0 + 1.0 / 8) - (2.0 + 2.0 / 8))
+             + 3 * (0.75 + 2 * 1.0 - (0.5 + 0.25 / 2) - (0.5 + 0.5 / 2)))
+    assert on2["bound_ms"] == pytest.approx(100.0 - saved)
+
+
 def test_lockstep_checker_accepts_exact_sums_and_catches_a_missing_reduce():
     spec = prefill_measure.Spec(TINY, layers=1, chunk_rows=(32, 16))
     models = [spec.model(r, torch.device("cpu")) for r in range(2)]
@@ -276,7 +300,8 @@ def test_gpu_report_from_synthetic_records(tmp_path):
            "device": "H200", "date": "today", "model": {"name": "llama-3.1-70b"}, "tp": 4,
            "layers": 4, "tokens": 16384, "chunk": 8192, "chunk_rows": [8192, 8192]}
     records = [timed_record("off", "sdma", 200.0, ar_share=0.5, ceiling_speedup=1.25),
-               timed_record("on", "sdma", 160.0, speedup=1.25, stack_rel_rms_vs_off=0.0),
+               timed_record("on", "sdma", 160.0, speedup=1.25, stack_rel_rms_vs_off=0.0,
+                            speedup_bound=1.3125, efficiency=0.952),
                {"arm": "on", "backend": "stock", "skipped": "no process group", "correct": None},
                dict(timed_record("off", "oneshot_wht6", 1.0), correct=False, finite=False,
                     t_prefill_ms=None)]
@@ -285,6 +310,7 @@ def test_gpu_report_from_synthetic_records(tmp_path):
     assert "tokens/s" in lines[0] and "AR share" in lines[0]
     sdma_on = next(line for line in lines if line.split()[:2] == ["on", "sdma"])
     assert "1.250x" in sdma_on and "160.00±0.01" in sdma_on
+    assert "1.312x" in sdma_on and "0.95" in sdma_on and "ideal" in lines[0]
     assert "50.0%" in next(line for line in lines if line.split()[:2] == ["off", "sdma"])
     assert "40.00 (25%)" in text  # o_proj+AR of the 160 ms arm
     assert "skipped stock: no process group" in text and "WRONG off oneshot_wht6" in text

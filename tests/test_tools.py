@@ -153,6 +153,18 @@ def test_bound_is_the_longer_lane_plus_one_slice_of_the_other():
             metrics.bound_ms(1.0, 1.0, bad)
 
 
+def test_a_stacks_bound_is_its_serial_time_less_what_each_calls_pipeline_hides():
+    quarters = [0, 2, 4, 6, 8]
+    # 3 calls of GEMM 2, AR 4 at S = 4 (bound 4.5 each: 1.5 hidden) and 2 calls of GEMM 1,
+    # AR 1 at S = 1 (nothing hidden): 100 - 3 x 1.5
+    calls = [(3, 2.0, 4.0, 4.0, quarters), (2, 1.0, 1.0, 1.0, [0, 8])]
+    assert metrics.stack_bound_ms(100.0, calls) == pytest.approx(95.5)
+    # the sliced arm's own all-reduce (a codec: 2.0 against the serial arm's 4.0) saves
+    # the difference too: bound max(2 + 0.5, 2 + 0.5) = 2.5 against 6 serial
+    assert metrics.stack_bound_ms(100.0, [(1, 2.0, 4.0, 2.0, quarters)]) == pytest.approx(96.5)
+    assert metrics.stack_bound_ms(100.0, []) == 100.0
+
+
 def test_efficiency_slice_overhead_link_efficiency_contention_spread():
     assert metrics.efficiency(4.5, 5.0) == pytest.approx(0.9)
     # 4 slice calls take 0.1 ms more than one call: 25 us per slice

@@ -5,7 +5,8 @@
     hidden     = (T_gemm + T_ar - T_ovl) / min(T_gemm, T_ar)   1 perfect, 0 none, < 0 worse
     contention = T_gemm while b's AR runs concurrently / T_gemm alone
     bound      = max(T_gemm + T_ar f_last, T_ar + T_gemm f_first)  the pipeline's ideal
-                 (f: the first / last slice's share of the rows; 1/S each when uniform)
+                 (f: the first / last slice's share of the rows; 1/S each when uniform);
+                 of a prefill: its off arm less, per RowParallel call, T_gemm + T_ar - bound
     efficiency = bound / T_ovl                                  1: the op reaches its ideal
     speedup bound = T_serial / bound                            the speedup at efficiency 1
     slice overhead = (T_ar of S back-to-back slice ARs - T_ar unsliced) / S
@@ -75,6 +76,19 @@ def bound_ms(t_gemm: float, t_ar: float, bounds: Sequence[int]) -> float:
     rows = bounds[-1]
     first, last = bounds[1] / rows, (rows - bounds[-2]) / rows
     return max(t_gemm + t_ar * last, t_ar + t_gemm * first)
+
+
+def stack_bound_ms(t_off: float, calls: Sequence[tuple[int, float, float, float,
+                                                      Sequence[int]]]) -> float:
+    """A whole stack's time at efficiency 1 (a prefill's ``bound_ms``): ``t_off``, the
+    stack with every RowParallel call serial, less what each call's pipeline could hide.
+    Each entry of ``calls`` is ``(count, t_gemm, t_ar_off, t_ar_on, bounds)``: ``count``
+    calls whose GEMM alone takes ``t_gemm``, whose serial arm's all-reduce ``t_ar_off``, the
+    sliced arm's backend's unsliced all-reduce ``t_ar_on`` (the same backend in the emulated
+    world), cut at ``bounds``; each saves ``t_gemm + t_ar_off - bound_ms(t_gemm, t_ar_on,
+    bounds)``."""
+    return t_off - sum(count * (t_gemm + t_ar_off - bound_ms(t_gemm, t_ar_on, bounds))
+                       for count, t_gemm, t_ar_off, t_ar_on, bounds in calls)
 
 
 def efficiency(bound: float, t_ovl: float) -> float:

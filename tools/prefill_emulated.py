@@ -22,7 +22,7 @@ from radiance_ar.backends.interface import Backend
 from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.plan import row_bounds
-from prefill_measure import (Spec, add_figures, arm_slices, chunk_slices, gate_reason, off_arm_parts, op_of, settings,
+from prefill_measure import (Spec, add_bound, add_figures, arm_slices, chunk_slices, gate_reason, off_arm_parts, op_of, settings,
                              time_prefill, verdict)
 from prefill_stack import DTYPE, ShardModel, prefill_steps, run_alone, run_lockstep
 
@@ -175,6 +175,7 @@ def _time_emulated(spec: Spec, model: ShardModel, chunks, name: str, device, off
         on.update(time_prefill(model, chunks, op_of(on_rt, spec.producer), spec.reps,
                                spec.warmup))
         add_figures(spec, on, off)
+        add_bound(spec, model, on, off)
     finally:
         off_rt.close()
         on_rt.close()

@@ -27,7 +27,9 @@ whole prefill, every chunk through every layer, with a device event after every
 component (:data:`prefill_stack.COMPONENTS`); medians over ``reps`` after ``warmup``.
 For the off arm also the all-reduce alone and the two RowParallel GEMMs alone at every
 chunk size, which give the all-reduce's share of the prefill and the ceiling: the
-off arm's time less, per RowParallel call, min(its GEMM, its all-reduce).
+off arm's time less, per RowParallel call, min(its GEMM, its all-reduce). For an on arm
+also its pipeline's bound (the prefill at efficiency 1 with the slices it cut:
+:func:`add_bound`), from the same GEMMs and its backend's all-reduce alone.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from radiance_ar.transport.world import World
 from model_shapes import RankShapes
 from radiance_ar.overlap.config import OverlapSettings
 from radiance_ar.overlap.op import forward
-from radiance_ar.overlap.plan import input_view
+from radiance_ar.overlap.plan import input_view, row_bounds
 from radiance_ar.overlap.slicing import slice_count
 from prefill_stack import (COMPONENTS, DTYPE, ShardModel, activation_step, make_chunks,
                            prefill_steps, run_alone)
@@ -203,16 +205,10 @@ def time_prefill(model: ShardModel, chunks: list[torch.Tensor], row_parallel, re
 def off_arm_parts(spec: Spec, model: ShardModel, backend, before=None) -> dict:
     """The off arm's all-reduce alone and its RowParallel GEMMs alone, per chunk size,
     and what they make of the prefill: the all-reduce's share and the ceiling."""
-    hidden, device = spec.shapes.hidden, model.device
+    device = model.device
     per_rows = {}
-    for rows in sorted(set(spec.chunk_rows)):
-        # torch.randn is torch.empty then normal_: the same values either way
-        ar_in = input_view(backend, rows, hidden, DTYPE,
-                           lambda: torch.empty(rows, hidden, dtype=DTYPE, device=device))
-        ar_in.normal_()
-        ar_out = torch.empty(rows, hidden, dtype=DTYPE, device=device)
-        t = {"ar": gpu_timing.device_and_host_ms(lambda i: backend.all_reduce(ar_in, ar_out),
-                                                 spec.reps, spec.warmup, before)[0]}
+    for rows, ar in ar_alone_ms(spec, backend, device, before).items():
+        t = {"ar": ar}
         for name, w in (("o_proj", model.layers[0].o_proj), ("down_proj", model.layers[0].down_proj)):
             x = torch.randn(rows, model.inner(w), dtype=DTYPE, device=device)
             prepared = model.producer.prepare(x, w.weight, w.scale, model.scratch)
@@ -229,6 +225,42 @@ def off_arm_parts(spec: Spec, model: ShardModel, backend, before=None) -> dict:
     return {"t_ar_total_ms": ar_ms, "t_hideable_ms": hideable,
             "per_chunk_rows": {str(r): {f"t_{k}_ms": v for k, v in t.items()}
                                for r, t in per_rows.items()}}
+
+
+def ar_alone_ms(spec: Spec, backend, device: torch.device, before=None) -> dict[int, float]:
+    """Collective: ``backend``'s unsliced all-reduce alone at every chunk size (rows ->
+    median ms)."""
+    hidden, times = spec.shapes.hidden, {}
+    for rows in sorted(set(spec.chunk_rows)):
+        # torch.randn is torch.empty then normal_: the same values either way
+        ar_in = input_view(backend, rows, hidden, DTYPE,
+                           lambda: torch.empty(rows, hidden, dtype=DTYPE, device=device))
+        ar_in.normal_()
+        ar_out = torch.empty(rows, hidden, dtype=DTYPE, device=device)
+        times[rows] = gpu_timing.device_and_host_ms(lambda i: backend.all_reduce(ar_in, ar_out),
+                                                    spec.reps, spec.warmup, before)[0]
+    return times
+
+
+def add_bound(spec: Spec, model: ShardModel, rec: dict, off: dict,
+              ar_on: dict[int, float] | None = None) -> None:
+    """An on arm's ``bound_ms`` (the prefill at efficiency 1: the off arm less what each
+    RowParallel call's pipeline could hide with the slices this arm cuts each chunk into,
+    :func:`metrics.stack_bound_ms`), ``speedup_bound`` (off / bound: the most those slices
+    can give) and ``efficiency`` (bound / this arm), from the off arm's GEMMs and
+    all-reduce alone per chunk size. ``ar_on``: the on arm's backend's unsliced all-reduce
+    per chunk size (:func:`ar_alone_ms`); default the off arm's, the same backend in the
+    emulated world."""
+    plan, calls = settings(spec, rec["backend"]).plan, []
+    for rows in spec.chunk_rows:
+        t = off["per_chunk_rows"][str(rows)]
+        bounds = row_bounds(model.producer, rows, chunk_slices(spec, rec["backend"], rows), plan)
+        ar = t["t_ar_ms"] if ar_on is None else ar_on[rows]
+        calls += [(spec.layers, t[f"t_{lin}_ms"], t["t_ar_ms"], ar, bounds)
+                  for lin in ("o_proj", "down_proj")]
+    rec["bound_ms"] = metrics.stack_bound_ms(off["t_prefill_ms"], calls)
+    rec["speedup_bound"] = metrics.speedup_bound(off["t_prefill_ms"], rec["bound_ms"])
+    rec["efficiency"] = metrics.efficiency(rec["bound_ms"], rec["t_prefill_ms"])
 
 
 def add_figures(spec: Spec, rec: dict, off: dict | None) -> None:
@@ -305,6 +337,9 @@ def process_world_job(world: World, spec: Spec, timed: bool = True) -> list[dict
                 rec.update(time_prefill(model, chunks, op_of(rt, spec.producer), spec.reps,
                                         spec.warmup, before))
                 add_figures(spec, rec, off)
+                if off.get("per_chunk_rows") is not None:
+                    add_bound(spec, model, rec, off,
+                              ar_alone_ms(spec, rt.backend, world.device, before))
         finally:
             rt.close()
         records.append(rec)

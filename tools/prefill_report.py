@@ -12,6 +12,7 @@ keys in the CSV):
 | `t_<component>_ms` | the component's time summed over layers and chunks (events between components, same repeats) |
 | `t_ar_total_ms`, `ar_share` | off arm: the all-reduce alone at each chunk size x its calls, and its share of the off prefill |
 | `t_hideable_ms`, `ceiling_speedup` | off arm: per RowParallel call min(its GEMM alone, its all-reduce alone), summed; off / (off - hideable): the most hiding this off arm's all-reduce can give; an on arm whose all-reduce is faster (a codec) can pass it. "GEMM alone" is the producer's GEMM on inputs prepared outside the timer (an fp8 producer's activation quantize is not in it, unlike compare_backends' `t_gemm_ms`) |
+| `bound_ms`, `speedup_bound`, `efficiency` | on arms: the prefill at efficiency 1 (the off arm less, per RowParallel call, its GEMM + all-reduce alone minus its pipeline's bound with the slices this arm cut, `metrics.stack_bound_ms`; the on backend's own all-reduce alone); off / bound (column `ideal`: the most these slices can give, so a target above it cannot be met with them); bound / this arm (column `eff`) |
 | `call_rel_rms_max`, `call_bound` | the worst RowParallel call vs the float64 sum of its partials; the backend's bound |
 | `stack_rel_rms_vs_off`, `stack_bound` | on arms: the stack output vs the off arm's; bound x sqrt(2 x layers) |
 | `identical_on_ranks`, `finite`, `correct` | same bits on every rank; no NaN/Inf; every check passed (else not timed) |
@@ -60,6 +61,8 @@ def headline_rows(records: list[dict]) -> list[dict]:
             "AR ms": _fmt(r.get("t_ar_total_ms"), "{:.2f}"),
             "AR share": _fmt(r.get("ar_share"), "{:.1%}"),
             "ceiling": _fmt(r.get("ceiling_speedup"), "{:.3f}x"),
+            "ideal": _fmt(r.get("speedup_bound"), "{:.3f}x"),
+            "eff": _fmt(r.get("efficiency"), "{:.2f}"),
             "call err": _fmt(r.get("call_rel_rms_max"), "{:.1e}"),
             "stack err": _fmt(r.get("stack_rel_rms_vs_off"), "{:.1e}"),
             "ok": _ok(r)})
