@@ -200,6 +200,36 @@ def test_an_on_arms_bound_uses_the_slices_it_cut_each_chunk_into():
     assert on2["bound_ms"] == pytest.approx(100.0 - saved)
 
 
+def test_the_off_arms_parts_and_an_on_arms_bound_run_every_timed_step(monkeypatch):
+    # the GPU timing replaced by one call of each step (each "takes" 1 ms): the steps
+    # the bench times on a GPU run here on the CPU, each of their outputs checked
+    calls = []
+
+    def one_call(fn, reps, warmup, before=None):
+        calls.append(fn)
+        fn(0)
+        return 1.0, 0.0, 0.0
+
+    monkeypatch.setattr(prefill_measure.gpu_timing, "device_and_host_ms", one_call)
+    spec = prefill_measure.Spec(TINY, layers=2, chunk_rows=(64, 64, 32))
+    model = spec.model(0, torch.device("cpu"))
+    reduced = []
+    backend = SimpleNamespace(ensure_capacity=lambda *a: None, peer_visible_input=False,
+                              all_reduce=lambda i, o: reduced.append(o.copy_(i)))
+    off = {"t_prefill_ms": 50.0}
+    off.update(prefill_measure.off_arm_parts(spec, model, backend))
+    # per chunk size: the all-reduce, then the two RowParallel GEMMs
+    assert len(calls) == 2 * 3 and [r.shape[0] for r in reduced] == [32, 64]
+    assert off["per_chunk_rows"] == {str(r): {"t_ar_ms": 1.0, "t_o_proj_ms": 1.0,
+                                              "t_down_proj_ms": 1.0} for r in (32, 64)}
+    # 3 chunks x 2 layers x 2 all-reduces; hideable min(GEMM, AR) per call
+    assert off["t_ar_total_ms"] == 12.0 and off["t_hideable_ms"] == 12.0
+    on = {"backend": "sdma", "t_prefill_ms": 40.0}
+    prefill_measure.add_bound(spec, model, on, off,
+                              prefill_measure.ar_alone_ms(spec, backend, model.device))
+    assert on["bound_ms"] < 50.0 and on["efficiency"] == pytest.approx(on["bound_ms"] / 40.0)
+
+
 def test_lockstep_checker_accepts_exact_sums_and_catches_a_missing_reduce():
     spec = prefill_measure.Spec(TINY, layers=1, chunk_rows=(32, 16))
     models = [spec.model(r, torch.device("cpu")) for r in range(2)]

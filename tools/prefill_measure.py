@@ -205,7 +205,7 @@ def time_prefill(model: ShardModel, chunks: list[torch.Tensor], row_parallel, re
 def off_arm_parts(spec: Spec, model: ShardModel, backend, before=None) -> dict:
     """The off arm's all-reduce alone and its RowParallel GEMMs alone, per chunk size,
     and what they make of the prefill: the all-reduce's share and the ceiling."""
-    device = model.device
+    hidden, device = spec.shapes.hidden, model.device
     per_rows = {}
     for rows, ar in ar_alone_ms(spec, backend, device, before).items():
         t = {"ar": ar}
