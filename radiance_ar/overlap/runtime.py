@@ -55,6 +55,9 @@ class OverlapRuntime:
     #: (radiance_ar/overlap/auto.py); None: every call runs ``backend``
     auto: Any = None
 
+    def __post_init__(self) -> None:
+        self.scratch.open(self.world.device)  # rule 1 of emulated ranks (ScratchPool.open)
+
     def for_call(self, rows: int, cols: int, producer: str) -> "OverlapRuntime":
         """The runtime that runs a call of ``rows`` x ``cols`` with ``producer``: this one,
         or under ``auto`` its choice's (collective on first use)."""

@@ -63,12 +63,20 @@ class ScratchPool:
             self.growths += 1
         return buf[:nbytes].view(dtype).view(shape)
 
+    def open(self, device: torch.device) -> None:
+        """Make the pool's stream on ``device`` now (nothing on the CPU): the runtime does
+        at its build, before any emulated rank's stream can park on a flag. Made at a
+        child runtime's first op call instead, with peers parked, its creation
+        (``cudaStreamCreateWithFlags``) never returned (H100, ``test_auto_gpu``:
+        tools/results/2026-12-05-h100-gemm-pieces-and-waits/)."""
+        if device.type == "cuda" and device not in self._streams:
+            self._streams[device] = dedicated_stream(device)
+
     def _allocating(self, device: torch.device) -> contextlib.AbstractContextManager:
         """Where the pool's buffers are allocated: its own stream on a GPU (module doc)."""
         if device.type != "cuda":
             return contextlib.nullcontext()
-        if device not in self._streams:
-            self._streams[device] = dedicated_stream(device)
+        self.open(device)
         return torch.cuda.stream(self._streams[device])
 
     def reserved_bytes(self) -> int:
