@@ -365,7 +365,7 @@ def test_the_prefill_plot_marks_each_arm_against_its_off_arm_and_the_base():
 
 @pytest.mark.gpu
 def test_emulated_world_verifies_and_times_every_backend():
-    spec = prefill_measure.Spec(TINY, layers=2, chunk_rows=(256, 128), reps=3, warmup=1,
+    spec = prefill_measure.Spec(TINY, layers=2, chunk_rows=(256, 128), reps=3, warmup=2,
                                 backends=tuple(backends.names()))
     records = prefill_emulated.emulated_run(spec, torch.device("cuda", 0), log=lambda s: None)
     ran = [r for r in records if "skipped" not in r]

@@ -121,7 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gqa", choices=GQA_MODES, default="enable_gqa",
                    help="grouped KV heads through SDPA's enable_gqa, or KV repeated")
     p.add_argument("--reps", type=_positive, default=20, help="timed prefills (median)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed prefills first")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed prefills first (default 3; the op captures a shape's graph at "
+                        "its second call, so with fewer than 2 the first timed prefill holds "
+                        "the captures)")
     p.add_argument("--seed", type=int, default=0, help="weights and inputs")
     p.add_argument("--mode", choices=["auto", "cpu", "emulated"], default="auto",
                    help="auto: torchrun if launched by it, else emulated ranks on a visible "

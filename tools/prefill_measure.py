@@ -165,7 +165,11 @@ def verdict(spec: Spec, bound: float, call_rels: list[float], identical: bool, f
 def time_prefill(model: ShardModel, chunks: list[torch.Tensor], row_parallel, reps: int,
                  warmup: int, before=None) -> dict:
     """Median device time of the whole prefill and of each component (summed over layers
-    and chunks), from an event after every component; spreads are half the IQR."""
+    and chunks), from an event after every component; spreads are half the IQR. Each is a
+    median of its own, so the components add up to the whole only where the repeats agree:
+    with ``warmup`` < 2 the first repeat holds the op's graph captures (a shape's second
+    call), 3-4x the others (tools/results/2026-12-05-h100-prefill-bound-and-call-streams/
+    prefill_diag.log), and with 3 repeats the emulated GPU test's parts missed 30% of it."""
     def run(mark):
         run_alone(prefill_steps(model, chunks, row_parallel), mark)
 
