@@ -22,8 +22,8 @@ from radiance_ar.backends.interface import Backend
 from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
 from radiance_ar.overlap.plan import row_bounds
-from prefill_measure import (Spec, add_bound, add_figures, arm_slices, chunk_slices, gate_reason, off_arm_parts, op_of, settings,
-                             time_prefill, verdict)
+from prefill_measure import (Spec, add_bound, add_figures, arm_slices, chunk_slices, gate_reason,
+                             off_arm_parts, op_of, settings, time_prefill, verdict)
 from prefill_stack import DTYPE, ShardModel, prefill_steps, run_alone, run_lockstep
 
 

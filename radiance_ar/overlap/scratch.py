@@ -68,7 +68,7 @@ class ScratchPool:
         at its build, before any emulated rank's stream can park on a flag. Made at a
         child runtime's first op call instead, with peers parked, its creation
         (``cudaStreamCreateWithFlags``) never returned (H100, ``test_auto_gpu``:
-        tools/results/2026-12-05-h100-gemm-pieces-and-waits/)."""
+        tools/results/2026-12-05-h100-prefill-bound-and-call-streams/gpu_tests.log)."""
         if device.type == "cuda" and device not in self._streams:
             self._streams[device] = dedicated_stream(device)
 
