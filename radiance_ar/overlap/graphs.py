@@ -266,6 +266,9 @@ class GraphCache:
         return buf[:rows]
 
     def _own_stream(self) -> torch.cuda.Stream:
+        # Made at the first capture, inside an op call: a stream made while an emulated peer
+        # is parked can block (ScratchPool.open), but a capture never meets one (emulated
+        # ranks capture ahead, or time against passive peers; module doc).
         if self._capture_stream is None:
             self._capture_stream = dedicated_stream(self.device)
         return self._capture_stream
