@@ -4,8 +4,9 @@ One active emulated rank against passive peers (as the compare tool times it, op
 replayed from captured graphs), profiled with ``torch.profiler`` (CUPTI records the
 kernels and copies a graph launches; stream waits and flag writes are not recorded, so
 a gap on a stream is a wait or idle time). After warm-up, ``--calls`` op calls run,
-each after a synchronize and a marker kernel; the last is reported: every kernel and copy with its stream,
-start and end in us from the call's first event, and per stream the busy time.
+each after a synchronize and a marker kernel; the last is reported: every kernel and copy
+with its stream, start and end in us from the call's first event, per stream the busy time,
+and per copy direction the busy time, idle share and overlap (:func:`per_direction`).
 
     python tools/op_profile.py --world 2 --m 8192 --slices 4 --backend sdma_wht6 --json out.json
 
@@ -58,18 +59,45 @@ def last_call_events(trace: dict) -> list[dict]:
                   key=lambda e: e["start_us"])
 
 
+def busy_us(events: list[dict]) -> float:
+    """The time at least one of ``events`` runs: the union of their intervals, in us."""
+    busy, end = 0.0, float("-inf")
+    for e in sorted(events, key=lambda e: e["start_us"]):
+        busy += max(0.0, e["end_us"] - max(e["start_us"], end))
+        end = max(end, e["end_us"])
+    return round(busy, 1)
+
+
 def per_stream(events: list[dict]) -> dict:
     """Stream -> first start, last end and busy us (its events' union) of one call."""
-    out: dict = {}
+    groups: dict = {}
     for e in events:
-        s = out.setdefault(str(e["stream"]), {"first_us": e["start_us"], "last_us": 0.0,
-                                               "busy_us": 0.0, "_end": 0.0})
-        s["busy_us"] += max(0.0, e["end_us"] - max(e["start_us"], s["_end"]))
-        s["_end"] = max(s["_end"], e["end_us"])
-        s["last_us"] = s["_end"]
-    for s in out.values():
-        s.pop("_end")
-        s["busy_us"] = round(s["busy_us"], 1)
+        groups.setdefault(str(e["stream"]), []).append(e)
+    return {stream: {"first_us": min(e["start_us"] for e in es),
+                     "last_us": max(e["end_us"] for e in es), "busy_us": busy_us(es)}
+            for stream, es in groups.items()}
+
+
+def per_direction(events: list[dict]) -> dict:
+    """Copy direction (``HtoD``, ``DtoH``, ``DtoD``: the word after ``Memcpy`` in the copy's
+    name) -> its copies over every stream: how many, their bytes, ``busy_us`` (their union),
+    ``span_us`` (first start to last end), ``idle_share`` (of the span, no copy of that
+    direction running) and ``overlap_us`` (their summed durations less the union: time two
+    or more ran at once). In a W = 4 call of sdma_wht6 the H2D pulls carry the call, and
+    their idle share is what overlapping slices could win back (24% on an H100,
+    tools/results/2026-12-05-h100-gemm-pieces-and-waits/)."""
+    groups: dict = {}
+    for e in events:
+        if e["kind"] == "gpu_memcpy" and e["name"].startswith("Memcpy "):
+            groups.setdefault(e["name"].split()[1], []).append(e)
+    out = {}
+    for direction, es in groups.items():
+        busy = busy_us(es)
+        span = max(e["end_us"] for e in es) - min(e["start_us"] for e in es)
+        out[direction] = {
+            "copies": len(es), "bytes": sum(e["bytes"] or 0 for e in es), "busy_us": busy,
+            "span_us": round(span, 1), "idle_share": round(1 - busy / span, 3) if span else 0.0,
+            "overlap_us": round(max(0.0, sum(e["end_us"] - e["start_us"] for e in es) - busy), 1)}
     return out
 
 
@@ -111,13 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         report = {"W": args.world, "backend": args.backend, "M": args.m, "N": args.n,
                   "K": args.k, "slices": args.slices, "op_graphs": rt.graph_reason() or "replayed",
                   "call_us": max(e["end_us"] for e in events), "streams": per_stream(events),
-                  "events": events}
+                  "copies": per_direction(events), "events": events}
     finally:
         rt.close()
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)
     print(f"{args.backend} W={args.world} M={args.m} S={args.slices} ({report['op_graphs']}): "
           f"{report['call_us']:.1f} us")
+    for direction, c in report["copies"].items():
+        print(f"  {direction}: {c['copies']} copies, {c['bytes'] / 1e6:.1f} MB, busy "
+              f"{c['busy_us']:.0f} of {c['span_us']:.0f} us ({c['idle_share']:.0%} idle), "
+              f"{c['overlap_us']:.0f} us overlapped")
     for e in events:
         print(f"  {e['stream']:>6} {e['start_us']:8.1f} {e['end_us']:8.1f}  {e['kind']:10} "
               f"{e['name']} {e['bytes'] or ''}")
