@@ -21,8 +21,7 @@ from radiance_ar.call_contract import CollectiveError
 from radiance_ar.backends.interface import Backend
 from radiance_ar.transport.world import emulated_worlds
 from radiance_ar.harness.emulated import EmulatedRanks
-from radiance_ar.overlap.plan import row_bounds
-from prefill_measure import (Spec, add_bound, add_figures, arm_slices, chunk_slices, gate_reason,
+from prefill_measure import (Spec, add_bound, add_figures, arm_slices, chunk_bounds, gate_reason,
                              off_arm_parts, op_of, settings, time_prefill, verdict)
 from prefill_stack import DTYPE, ShardModel, prefill_steps, run_alone, run_lockstep
 
@@ -103,14 +102,12 @@ def _verify_emulated(spec: Spec, models, chunks, name: str, device) -> tuple[dic
 
 
 def op_slice_rows(spec: Spec, model: ShardModel) -> set[int]:
-    """The row counts of every GEMM slice the on arms' op calls cut the chunks into:
-    each backend's settings (:func:`prefill_measure.settings`) and the producer's row
-    alignment, through the op's own bounds (``plan.row_bounds``)."""
+    """The row counts of every GEMM slice the on arms' op calls cut the chunks into
+    (:func:`prefill_measure.chunk_bounds`)."""
     sizes = set()
     for name in spec.backends:
-        plan = settings(spec, name).plan
         for rows in set(spec.chunk_rows):
-            bounds = row_bounds(model.producer, rows, chunk_slices(spec, name, rows), plan)
+            bounds = chunk_bounds(spec, model.producer, name, rows)
             sizes.update(b - a for a, b in zip(bounds[:-1], bounds[1:]))
     return sizes
 

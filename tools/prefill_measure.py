@@ -130,6 +130,14 @@ def chunk_slices(spec: Spec, backend: str, rows: int) -> int:
                        spec.shapes.tp)
 
 
+def chunk_bounds(spec: Spec, producer, backend: str, rows: int) -> list[int]:
+    """The row bounds ``backend``'s on arm cuts a chunk of ``rows`` rows into: its S
+    (:func:`chunk_slices`) and plan at ``producer``'s row alignment, through the op's own
+    bounds (``plan.row_bounds``)."""
+    return row_bounds(producer, rows, chunk_slices(spec, backend, rows),
+                      settings(spec, backend).plan)
+
+
 def arm_slices(spec: Spec, backend: str) -> int | str:
     """The S of ``backend``'s on arm as recorded: one count, or the chunks' distinct
     counts in order joined by ``/`` where they differ (``auto`` chooses per chunk)."""
@@ -255,10 +263,10 @@ def add_bound(spec: Spec, model: ShardModel, rec: dict, off: dict,
     all-reduce alone per chunk size. ``ar_on``: the on arm's backend's unsliced all-reduce
     per chunk size (:func:`ar_alone_ms`); default the off arm's, the same backend in the
     emulated world."""
-    plan, calls = settings(spec, rec["backend"]).plan, []
+    calls = []
     for rows in spec.chunk_rows:
         t = off["per_chunk_rows"][str(rows)]
-        bounds = row_bounds(model.producer, rows, chunk_slices(spec, rec["backend"], rows), plan)
+        bounds = chunk_bounds(spec, model.producer, rec["backend"], rows)
         ar = t["t_ar_ms"] if ar_on is None else ar_on[rows]
         calls += [(spec.layers, t[f"t_{lin}_ms"], t["t_ar_ms"], ar, bounds)
                   for lin in ("o_proj", "down_proj")]
