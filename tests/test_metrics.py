@@ -1,6 +1,7 @@
 """tools/metrics.py, tools/gpu_timing.py's contention record and tools/link.py's copy plan:
 the measurement definitions of docs/design.md ('Measurement') against hand arithmetic."""
 
+import contextlib
 import math
 
 import pytest
@@ -132,6 +133,46 @@ def test_contention_record_is_a_ratio_of_means_over_phases():
     assert r["contention_spread"] == pytest.approx(r["t_gemm_concurrent_spread_ms"] / 2.0)
     assert r["contention_reps"] == 20 == gpu_timing.CONTENTION_MIN_REPS
 
+
+
+class _FakeCuda:
+    """torch.cuda's streams, events and synchronize as no-ops that log what the host does,
+    so gpu_timing's loops run on the CPU (their device times are not the point here)."""
+
+    def __init__(self, log):
+        class Stream:
+            def wait_stream(self, other): pass
+            def wait_event(self, event): pass
+
+        class Event:
+            def __init__(self, enable_timing=False): pass
+            def record(self, stream=None): pass
+            def elapsed_time(self, end): return 1.0
+
+        self.Stream, self.Event = Stream, Event
+        self.current_stream = lambda: Stream()
+        self.stream = lambda s: contextlib.nullcontext()
+        self.synchronize = lambda: log.append("sync")
+
+
+def test_contention_repeats_each_start_with_the_barrier_after_the_last_synchronize(monkeypatch):
+    # A process world's ranks must start each repeat together: the AR beside the GEMM is a
+    # collective, so a rank still in its previous repeat would leave its peers' AR waiting.
+    log = []
+    fake = _FakeCuda(log)
+    for name in ("Stream", "Event", "current_stream", "stream", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(gpu_timing, "device_lead", lambda ms: None)
+    alone, beside = gpu_timing.contention_times(
+        lambda i: log.append("gemm"), lambda j: log.append("ar"), 1.0, 1.0, 20, 3,
+        before=lambda: log.append("barrier"))
+    assert len(alone) == len(beside) == 20
+    repeats = " ".join(log).replace(" barrier", "\nbarrier").split("\n")
+    assert len(repeats) == 2 * (20 + 3)  # warm-up included, alone and beside
+    assert repeats[0] == "barrier gemm sync"  # alone: no side calls
+    side_calls = max(2, math.ceil(2.0 / 1.0) + 1)
+    assert repeats[-1] == "barrier " + "ar " * side_calls + "gemm sync"
+    assert all(r.startswith("barrier ") and r.endswith(" sync") for r in repeats)
 
 def test_link_copy_plan():
     # sdma one-shot, W=4, S=4: 3 peers x 4 slices, each a quarter of the slice

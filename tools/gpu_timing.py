@@ -144,7 +144,8 @@ def replayed_times(fn: Callable[[int], None], reps: int,
 
 def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], None],
                      side_calls: int, reps: int, warmup: int,
-                     phases_ms: list[float] | None = None) -> list[float]:
+                     phases_ms: list[float] | None = None,
+                     before: Callable[[], None] | None = None) -> list[float]:
     """Device time of ``main_fn(i)`` while ``side_calls`` calls of ``side_fn`` run on
     another stream (sized by the caller to outlast it), one sample per repeat.
 
@@ -152,7 +153,10 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
     of :data:`LEAD_CALLS` times the longest host time of a repeat so far), so where
     ``main_fn`` lands in the side work does not depend on how fast the host enqueues it:
     repeat k starts ``main_fn`` ``phases_ms[k % len(phases_ms)]`` after the side work (a
-    device sleep; default 0)."""
+    device sleep; default 0). ``before()`` (a barrier across ranks, where ``side_fn`` is a
+    collective of processes) runs untimed ahead of every repeat, warm-up included: each
+    rank's repeats end with a synchronize, so without it the ranks' repeats drift apart and
+    a rank's side calls wait for a peer that is still in its previous repeat."""
     side, gate = torch.cuda.Stream(), torch.cuda.Stream()
     main = torch.cuda.current_stream()
     go = torch.cuda.Event()
@@ -160,6 +164,8 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
     lead = 0.0
     samples = []
     for i in range(warmup + reps):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         gate.wait_stream(main)
         side.wait_stream(main)
@@ -186,7 +192,8 @@ def concurrent_times(main_fn: Callable[[int], None], side_fn: Callable[[int], No
 
 
 def contention_times(gemm: Callable[[int], None], ar: Callable[[int], None], t_gemm: float,
-                     t_ar: float, reps: int, warmup: int) -> tuple[list[float], list[float]]:
+                     t_ar: float, reps: int, warmup: int,
+                     before: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
     """Device times of ``gemm`` alone and while ``ar`` runs back to back beside it, each
     over max(reps, CONTENTION_MIN_REPS) repeats whose GEMM starts at evenly spread points
     of one AR call (phase k/reps of ``t_ar``): an AR's parts differ in what they take from
@@ -196,12 +203,12 @@ def contention_times(gemm: Callable[[int], None], ar: Callable[[int], None], t_g
     gap runs at a higher clock than GEMMs back to back (seen on the H200: "contention"
     0.87-0.96x against the back-to-back median), so only like against like is a ratio
     of the AR's effect. ``t_gemm``/``t_ar`` (medians, ms) size the AR calls to outlast
-    every phase."""
+    every phase; ``before``: as :func:`concurrent_times`'."""
     reps = max(reps, CONTENTION_MIN_REPS)
     side_calls = max(2, math.ceil((t_ar + t_gemm) / t_ar) + 1)
     phases = [t_ar * k / reps for k in range(reps)]
-    alone = concurrent_times(gemm, ar, 0, reps, warmup, phases)
-    return alone, concurrent_times(gemm, ar, side_calls, reps, warmup, phases)
+    alone = concurrent_times(gemm, ar, 0, reps, warmup, phases, before)
+    return alone, concurrent_times(gemm, ar, side_calls, reps, warmup, phases, before)
 
 
 def contention_record(samples: tuple[list[float], list[float]]) -> dict:

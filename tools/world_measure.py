@@ -223,9 +223,9 @@ def _measure(world: World, case: Case, rt: overlap.OverlapRuntime,
     # Contention needs concurrent streams: measured on GPUs only.
     record.update({"contention": None, "contention_spread": None})
     if world.device.type == "cuda":
-        world.memory.barrier()
         record.update(gpu_timing.contention_record(gpu_timing.contention_times(
-            gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup)))
+            gemm, ar, times["gemm"], times["ar"], case.reps, case.warmup,
+            before=world.memory.barrier)))
         # the unsliced call's pieces: bus_gbs is the unsliced AR's rate (link module doc)
         gbs = link.link_gbs(world, record["wire_bytes"], 1, case.reps, case.warmup)
         record.update(metrics.derived(times, bounds, record["wire_bytes"], gbs))
