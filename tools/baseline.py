@@ -8,9 +8,9 @@ row's overlapped op time with ONE arm's, at the same M and producer::
 
     vs_base = t_ovl_ms(baseline arm, M) / t_ovl_ms(row)        # > 1: faster than the base
 
-The arm is ``backend:S`` (``--baseline``). By default: ``stock`` unsliced where a vendor
-collective exists (torchrun and CPU worlds); in the emulated world, which has none, the
-spin-wait ``oneshot_wht6`` unsliced, the deployment this project replaces.
+The arm is ``backend:S`` (``--baseline``). By default (``tuning.BASELINE_ARMS`` by the
+world's kind): ``stock`` unsliced in the CPU and gpu-symm worlds; in the emulated and gpu-host
+worlds the spin-wait ``oneshot_wht6`` unsliced, the deployment this project replaces.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ fp8 route (the weight widened to e4m3, then ``torch._scaled_mm`` rowwise;
 :mod:`radiance_ar.overlap.mxfp4_routes`) beside the Triton routes (fp8 and bf16 MMA).
 Steps shorter than their launch (quantize, widen, prepare, the copy) also get
 ``graph_ms``: the device alone, launches replayed from a CUDA graph, as the op's replayed
-calls run them (``ms`` is then the host's launch rate). ``--sweep`` times both routes
+calls run them (``ms`` is then the host's launch rate). ``--sweep`` times the three routes
 over the prefill bench's o_proj and down_proj shapes at M = 256 .. 16384 (the fp8
 route's row threshold). The table (TFLOP/s = 2MNK / t)
 is how the offline table ``CONFIGS`` is tuned: put a measured winner there and cite
@@ -213,7 +213,7 @@ SWEEP_ROWS = (256, 1024, 2048, 4096, 8192, 16384)
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
-    """Both routes and torch's fp8 rowwise GEMM at every sweep shape and M."""
+    """The three routes and torch's fp8 rowwise GEMM at every sweep shape and M."""
     rows = []
     for model, layer, n, k in model_shapes.row_parallel_shapes():
         g = torch.Generator().manual_seed(0)
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="compile for --arch with the installed Triton; no GPU needed")
     p.add_argument("--arch", default="90", help="--compile-only target: 90, 100 or gfx950")
     p.add_argument("--sweep", action="store_true",
-                   help="instead: both routes and fp8 rowwise at the o_proj/down_proj shapes "
+                   help="instead: the three routes and fp8 rowwise at the o_proj/down_proj shapes "
                         "of the prefill bench's models, M = 256 .. 16384")
     p.add_argument("--sweep-rows", type=lambda t: [int(v) for v in t.split(",")],
                    default=list(SWEEP_ROWS), help="--sweep's M values, comma-separated")

@@ -96,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed calls before timing; " + _by_device("warmup"))
     p.add_argument("--quick", action="store_true",
-                   help="a smoke run: one small M, few repeats; default off")
+                   help="a smoke run: fewer M (CPU 256; GPU 2048,8192) and fewer repeats; "
+                        "default off")
     p.add_argument("--out-dir", default=None,
                    help="folder for compare.json/.csv/.png; default ./results (never the "
                         "tracked tools/results/ unless named here)")
@@ -105,9 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip the PNGs (no matplotlib needed); default off")
     p.add_argument("--baseline", default=None,
                    help="the arm every row is also compared with (column 'vs base'), as "
-                        "BACKEND or BACKEND:S; default: stock unsliced where a vendor "
-                        "collective exists (torchrun, CPU), oneshot_wht6 unsliced in the "
-                        "emulated world (tools/baseline.py)")
+                        "BACKEND or BACKEND:S; default: stock unsliced in the CPU and gpu-symm "
+                        "worlds (torchrun, a GPU per rank), oneshot_wht6 unsliced in the "
+                        "emulated and gpu-host worlds (tools/baseline.py)")
     p.add_argument("--timeline", action="store_true",
                    help="GPU worlds: record one op call's per-slice GEMM and AR events per "
                         "case (OUT_DIR/timeline.json, timeline_<backend>_M<M>_S<S>.png); "

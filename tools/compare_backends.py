@@ -11,7 +11,8 @@ The project's main job (docs/design.md, 'Measurement'). Where it runs decides th
 
 For every backend x M x slices it verifies the op's result against a float64 reference
 on every rank (a wrong backend is reported as wrong and not timed), then times GEMM
-alone, AR alone, the AR as S slice calls, GEMM then stock AR (serial) and the overlap
+alone, AR alone, the AR as S slice calls, GEMM then the unsliced AR (serial: stock's with a GPU per
+rank, the backend's own where ranks share a GPU) and the overlap
 op, and derives speedup, hidden fraction, the pipeline's bound and efficiency, the
 per-slice AR overhead, wire bytes and bus bandwidth; on GPUs also contention and the
 raw link's bandwidth (link efficiency). Output: a table, JSON, CSV and a PNG, and with

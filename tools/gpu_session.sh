@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One device session: the main job in the emulated world, then the GPU tests.
+# One device session: the main job in the emulated world where compare flags are given,
+# then the GPU tests.
 # Usage (on a GPU machine): tools/gpu_session.sh OUT_DIR [compare flags...]
-# Writes into OUT_DIR: summary.log, pytest_full.log, compare.log and compare.tar.gz (the
-# compare tool's JSON, CSV, PNGs and timeline), few files because a lent device returns few.
+# Writes into OUT_DIR: summary.log, pytest_full.log and, with compare flags, compare.log and
+# compare.tar.gz (the compare tool's JSON, CSV, PNGs and timeline): few files, because a
+# lent device returns few.
 # GPU_TESTS (space-separated test files) narrows the tests (default: every file marked gpu);
 # DEADLINE_S (default 540) stops starting test files once that many seconds have passed;
 # FILE_TIMEOUT_S (default 120) bounds each file, except the gpu-host world's, whose 39 cases of

@@ -14,7 +14,7 @@ keys in the CSV):
 | `t_hideable_ms`, `ceiling_speedup` | off arm: per RowParallel call min(its GEMM alone, its all-reduce alone), summed; off / (off - hideable): the most hiding this off arm's all-reduce can give; an on arm whose all-reduce is faster (a codec) can pass it. "GEMM alone" is the producer's GEMM on inputs prepared outside the timer (an fp8 producer's activation quantize is not in it, unlike compare_backends' `t_gemm_ms`) |
 | `bound_ms`, `speedup_bound`, `efficiency` | on arms: the prefill at efficiency 1 (the off arm less, per RowParallel call, its GEMM + all-reduce alone minus its pipeline's bound with the slices this arm cut, `metrics.stack_bound_ms`; the on backend's own all-reduce alone); off / bound (column `ideal`: the most these slices can give, so a target above it cannot be met with them); bound / this arm (column `eff`) |
 | `call_rel_rms_max`, `call_bound` | the worst RowParallel call vs the float64 sum of its partials; the backend's bound |
-| `stack_rel_rms_vs_off`, `stack_bound` | on arms: the stack output vs the off arm's; bound x sqrt(2 x layers) |
+| `stack_rel_rms_vs_off`, `stack_bound` | on arms: the stack output vs the off arm's; bound x sqrt(2 x layers), with an fp8-activation producer max(bound, sqrt(bound x 2^-3)) x sqrt(2 x layers) |
 | `identical_on_ranks`, `finite`, `correct` | same bits on every rank; no NaN/Inf; every check passed (else not timed) |
 | `skipped`, `timing_skipped` | why this backend has no arm here, or is not timed here |
 """

@@ -78,8 +78,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     p.add_argument("--from-compare", nargs="+", default=None, metavar="JSON",
                    help="write the file from compare_backends JSON files instead of measuring")
     p.add_argument("--case-timeout", type=float, default=None, metavar="S",
-                   help="a case still running after S seconds is a hang: exit 3, the file "
-                        "naming it (the H200's cases take ~0.6 s; 60 is ample); default none")
+                   help="GPU: a case still running after S seconds is a hang: exit 3, the "
+                        "file naming it (the H200's cases take ~0.6 s; 60 is ample); default "
+                        "none. CPU worlds: the pool gives up after S s (default 300) and raises")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows --out already holds (a run cut short or hung) and "
                         "measure only the cases it lacks")

@@ -1,9 +1,9 @@
 """One (backend, M, slices) measurement on every rank of a process world.
 
 Runs the same code on each rank of a CPU world (gloo) or of a torchrun GPU world:
-verify first, then time. Timings are medians over ``reps`` after ``warmup`` calls, each
-call preceded by a barrier; on a GPU they are device-event times, on the CPU
-``perf_counter`` times. The reference is independent of every backend: each rank's
+verify first, then time. Timings are medians over ``reps`` after ``warmup`` calls; on a GPU
+device-event samples (:func:`gpu_timing.event_times`: an untimed barrier before each sample of
+back-to-back calls), on the CPU ``perf_counter`` times of calls each after a barrier. The reference is independent of every backend: each rank's
 float64 product of its dequantized operands (:mod:`producer_inputs`), summed over ranks
 by a float64 all-reduce.
 
@@ -82,8 +82,9 @@ def _cpu_shard(seed: int, rank: int, rows: int, cols: int, k: int
 
 
 def timed_ms(world: World, fn, reps: int, warmup: int) -> tuple[float, ...]:
-    """(median, spread[, host median]) of ``fn(i)`` in ms, each call started after a
-    barrier: device-event times and the host's on a GPU, ``perf_counter`` on the CPU."""
+    """(median, spread[, host median]) of ``fn(i)`` in ms: on a GPU device-event and host
+    times of samples that each start after a barrier, on the CPU ``perf_counter`` times of
+    calls that each start after one."""
     if world.device.type == "cuda":
         # The barrier runs before the start event is recorded: it is not timed.
         return gpu_timing.device_and_host_ms(fn, reps, warmup, before=world.memory.barrier)
@@ -99,7 +100,7 @@ def timed_ms(world: World, fn, reps: int, warmup: int) -> tuple[float, ...]:
 
 
 def time_calls(record: dict, backend, ar_in: torch.Tensor, ar_out: torch.Tensor, case: Case,
-               fns: dict, timer) -> tuple[int, dict]:
+               fns: dict, timer) -> tuple[list[int], dict]:
     """Time each of ``fns`` (gemm, ar, serial, ovl) with ``timer`` (fn -> median, spread
     and, on a GPU, the host's median) into ``record`` as ``t_<key>_ms`` /
     ``t_<key>_spread_ms`` / ``t_<key>_host_ms``; where the op slices, also
@@ -131,7 +132,7 @@ def digest(t: torch.Tensor) -> int:
 
 
 def measure(world: World, case: Case) -> dict:
-    """Collective. A record (rank 0's timings; errors and digests of every rank)."""
+    """Collective. A record (rank 0's errors and timings; every rank's digest)."""
     knobs = BackendSettings.from_env()  # the environment's backend knobs, as in a deployment
     rt = overlap.build(world, OverlapSettings(True, case.backend, 1, case.slices, knobs,
                                               plan=case.plan))
