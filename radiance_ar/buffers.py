@@ -1,7 +1,8 @@
 """Grow-only persistent buffers: how much to grow, never while a graph is captured, and
 what a caller's graph captured kept until the process exits.
 
-A leaf: the transports, the op's scratch pool and the backends import it.
+It imports only :mod:`radiance_ar.streams`; the transports, the op's scratch pool and the
+backends import it.
 """
 
 from __future__ import annotations

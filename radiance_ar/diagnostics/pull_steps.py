@@ -9,9 +9,11 @@ with pinned host memory as the peers' buffers (the emulated world) and every fla
 already up (the timing mode's passive peers):
 
 - ``copies``: the six copies back to back, no waits (the floor);
-- ``wait,copy x6``: the transport's order (wait for a peer, pull it, next);
+- ``wait,copy``: wait for a peer, pull it, next (the transport's order before its waits
+  were batched);
 - ``waits,copies``: per phase, the three waits, then the three copies;
-- ``batched waits``: per phase, ONE ``cuStreamBatchMemOp`` holding the three waits;
+- ``batched waits``: per phase, ONE ``cuStreamBatchMemOp`` holding the three waits (what
+  ``CopyTransport.pull_from`` enqueues now);
 - ``peer streams``: per phase, each peer's wait and copy on its own stream, joined by
   events (copies of different peers may run on different copy engines at once);
 - ``+lane``: the same with the emulated world's publish beside it (a D2H of the whole

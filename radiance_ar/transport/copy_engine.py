@@ -223,8 +223,8 @@ class CopyEngine:
         #: ``write_value(stream, addr, value)``: enqueue a flag write (GPU only);
         #: ``wait_value_geq`` / ``wait_value_eq(stream, addr, value)``: later work of the
         #: stream waits until the flag reaches (cyclic GEQ) / equals ``value`` (GPU only);
-        #: ``batch(stream, ops)``: ``("write" | "wait_eq", addr, value)`` operations in order,
-        #: one graph node on CUDA (GPU only)
+        #: ``batch(stream, ops)``: ``("write" | "wait_eq" | "wait_geq", addr, value)``
+        #: operations in order, one graph node per 255 operations on CUDA (GPU only)
         self._bind_signal_ops()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> int:

@@ -14,8 +14,8 @@ on one of two call streams entered from it (:mod:`radiance_ar.transport.call_str
 host-memory worlds the publishes, and a pipeline's last decodes, run beside it:
 :mod:`radiance_ar.transport.side_lanes`)::
 
-  rank r stream : [fence] publish ready_r=t  wait ready_p>=t  pull p   done_r=t  compute
-  rank p stream :         publish ready_p=t  wait ready_r>=t  pull r   done_p=t  compute
+  rank r stream : [fence] publish ready_r=t  wait ready_p==t  pull p   done_r=t  compute
+  rank p stream :         publish ready_p=t  wait ready_r==t  pull r   done_p=t  compute
                                     |________________________^
 
 A second round (two-shot) publishes into ``red`` and posts ``reduced``; ``done`` is
@@ -26,7 +26,7 @@ peer may still be pulling (its next GEMM into the input buffer, or the next publ
 staging copy of an overlapping byte range) must wait until that peer finished::
 
   rank r : AR(t) ready_r=t ... done_r=t | fence: wait done_p>=t | GEMM(t+1) writes pub
-  rank p :    wait ready_r>=t  pull r(t) ---------------> done_p=t  |
+  rank p :    wait ready_r==t  pull r(t) ---------------> done_p=t  |
                                  ^ a GEMM(t+1) here without the wait would corrupt p's pull
 
 The fence is a stream wait-value (no host sync); each call's byte range of ``pub`` is

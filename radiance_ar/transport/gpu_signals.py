@@ -179,8 +179,9 @@ class GpuSignals(GpuDiagnosis, Signals):
     def replayed(self, rnd: TokenRound, stream: int) -> None:
         """A graph captured in ``rnd`` was launched on ``stream``: :meth:`check` bounds
         its waits, by the end event the graph records itself (a 2.0 us node against
-        5.8-10.4 us for a record from the host: input_node_and_end_event.json and
-        host_pieces.json of tools/results/2026-12-04-h200-replay-node-costs/), or one
+        5.8-10.4 us for a record from the host: host_pieces.json and the README of
+        tools/results/2026-12-04-h200-replay-node-costs/, whose input_node_and_end_event.json
+        git keeps: git show 87e1ec7:<that folder>/input_node_and_end_event.json), or one
         recorded now. The eager waits before it (the reuse fence of ``before_replay``)
         stay in the release set."""
         self._replayed = rnd.awaited

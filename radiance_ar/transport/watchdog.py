@@ -5,8 +5,8 @@ In GPU worlds a stream's flag wait has no timeout of its own; :meth:`GpuSignals.
 tools and tests do). A serving engine calls nothing of the kind: between forward passes it
 only blocks on a copy of the sampled tokens, so a peer that never posts would leave every
 rank's GPU waiting for good. Where each rank is a process of its own (gpu-host, gpu-symm)
-and ``RADIANCE_AR_WATCHDOG_S`` is set, one daemon thread per backend watches the newest call
-its signals enqueued::
+and ``RADIANCE_AR_WATCHDOG_S`` is not 0 (default 600), one daemon thread per backend watches
+the newest call its signals enqueued::
 
     host    : call 41 | call 42 | ... | sampler .cpu() ----------------------- (blocked)
     stream  : call 41 done | call 42 waits on a peer that never posts ..............

@@ -14,10 +14,11 @@ backends compile their kernels before any peer waits by running them on 1 and 2 
 of the real columns (``sdma_wht6._warm_codec``), and a shape keyed by rows would leave
 a variant to compile at a first large call, while a peer's stream may be blocked.
 
-The values are the offline choice (one sub-block per thread, 4 warps: the fewest
-registers, so the most warps per SM to hide memory latency) until a GPU sweep picks
-them: ``python tools/bench_codec.py --device cuda --sweep`` times every shape of
-``CANDIDATES`` per kernel and class.
+bf16/fp16 encode and every decode class use the shapes an H200 sweep picked (``python
+tools/bench_codec.py --device cuda --sweep`` times every shape of ``CANDIDATES`` per kernel
+and class; the notes at :data:`ENCODE` and :data:`DECODE`); fp32 encode, not swept, keeps the
+offline choice (one sub-block per thread, 4 warps: the fewest registers, so the most warps
+per SM to hide memory latency).
 """
 from __future__ import annotations
 
