@@ -1,6 +1,6 @@
 """All-reduce strategies behind one registry, and the worlds they run in.
 
-    >>> import backends
+    >>> from radiance_ar import backends
     >>> backends.names()                 # every registered strategy
     >>> cls = backends.from_env()        # the one RADIANCE_AR_BACKEND names
     >>> ar = cls(world, settings)        # for one rank of a radiance_ar.transport.world.World

@@ -10,8 +10,10 @@ docs/design.md, 'oneshot_wht6'. One call of rank r on a slice x [rows, cols], ev
 Each rank decodes its OWN payload too (never its unquantized input), so every rank sums
 the same W payloads in the same order and gets the same bits. ``cols`` must be a
 multiple of the codec's 256-value block: anything else is refused with a ValueError
-before any flag moves, so the next call works (the kernel could zero-pad, but a padded
-row would silently send up to 4x the bytes; the codec backends refuse alike).
+before any flag moves; like every refused call it faults the rank, so every rank calls
+:meth:`resync` before the next call (``ensure_capacity`` refuses such ``cols`` without
+faulting). The kernel could zero-pad, but a padded row would silently send up to 4x the
+bytes; the codec backends refuse alike.
 
 GPU (``gpu-symm``, ``gpu-emulated``, ``gpu-host``): ONE Triton kernel per call does all of it
 (:mod:`radiance_ar.backends.kernels.oneshot_wht6`), its CTAs spinning on per-CTA flags whose
@@ -20,7 +22,8 @@ epoch counter lives on the device, so a CUDA-graph replay never sees stale flags
 that contention is what this backend exists to measure. A wait that outlasts the bound
 makes the kernel record (epoch, peer) in pinned host words and finish with a garbage
 result; :meth:`check` (and the next :meth:`all_reduce`, once the previous call's event
-has fired: no host sync on the hot path) raises :class:`PeerTimeoutError` from them.
+has fired: no host sync on the hot path) raises :class:`PeerTimeoutError` from them, and
+:class:`CollectiveMismatchError` where a peer's call had another signature.
 After such an error the ranks are out of step: every rank calls :meth:`resync`.
 CPU (``cpu-shm``): the same protocol with the reference codec, shared-memory flags and
 a bounded host spin (:class:`radiance_ar.transport.signals.CpuSignals`, slot ``ready``).
@@ -30,10 +33,11 @@ so every cross-rank byte crosses the host link while the kernel holds its CTAs; 
 payload is read back from a device copy, as it would be on a real box.
 
 Buffers. ``pub``: two payload regions (the epoch's parity picks one; why two suffice:
-kernel module doc). Flags: one int64 word per CTA (GPU) or the CpuSignals words (CPU).
+kernel module doc). Flags: three int64 words per CTA (GPU: its epoch flag and two
+signature slots, by call parity) or the CpuSignals words (CPU).
 
 Accuracy. The codec's relative RMS error is 2.1% on Gaussian data (1.9% Student-t(3),
-1.5% outlier channels; ``backends/wht6``), per rank and so also for a sum of independent
+1.5% outlier channels; ``radiance_ar/wht6``), per rank and so also for a sum of independent
 partials, whose errors add like the partials. ``rel_rms_bound`` = 2**-5 leaves 1.5x
 margin; sums that cancel (ranks of opposite sign) have larger RELATIVE error.
 
@@ -233,7 +237,9 @@ class OneshotWht6Backend(Backend):
         """Timing mode: every OTHER rank becomes a passive peer that never calls.
 
         Its two payload regions hold valid wht6 payloads of normal values from ``seed``
-        (never zeros: they decode faster) and its flags sit at :data:`PASSIVE_EPOCH`, so
+        (never zeros: they decode faster) and its flags sit at the passive epoch
+        (GPU: :data:`radiance_ar.backends.kernels.oneshot_wht6.PASSIVE_EPOCH`; CPU:
+        :data:`radiance_ar.transport.signals.PASSIVE_EPOCH`), so
         this rank's waits pass at once and its kernel reads real payload bytes. Results
         are then NOT sums over ranks. Call after :meth:`ensure_capacity`, no call in flight.
         """

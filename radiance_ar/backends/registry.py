@@ -2,7 +2,7 @@
 
 Built-in backends live one per module (listed in ``_BUILTIN_MODULES``) and register
 themselves when imported; the table is loaded on first use so that importing
-``backends`` stays cheap. Names are matched exactly (an alias is an explicit entry).
+``radiance_ar.backends`` stays cheap. Names are matched exactly (an alias is an explicit entry).
 """
 
 from __future__ import annotations

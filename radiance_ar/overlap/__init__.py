@@ -1,6 +1,6 @@
 """The overlap op: a RowParallel linear whose all-reduce hides under its own GEMM.
 
-    >>> import overlap
+    >>> from radiance_ar import overlap
     >>> overlap.configure(world)                       # collective, once per process
     >>> out = torch.ops.radiance.linear_ar(x, w, None, "bf16")
     >>> overlap.shutdown()                             # collective: release its memory

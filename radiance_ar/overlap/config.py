@@ -32,7 +32,7 @@ class OverlapSettings:
     backend: str  # RADIANCE_AR_BACKEND, canonical registry name or "auto"
     min_m: int  # RADIANCE_AR_OVERLAP_MIN_M
     slices: int | str  # RADIANCE_AR_OVERLAP_SLICES: 1..64 or "auto" (see slice_count)
-    #: the backend knobs (spin timeout, sdma schedule, oneshot CTAs); default: the knobs'
+    #: every backend knob (``BackendSettings``); default: the knobs'
     #: defaults, not the environment (from_env reads them from it)
     backend_settings: BackendSettings = field(default_factory=BackendSettings)
     #: RADIANCE_AR_OVERLAP_PLAN (radiance_ar/overlap/slicing.py); keyword-only, after the settings

@@ -10,7 +10,7 @@ of two, so the result is the fp32 sum of the exact products times x_scale, round
 bf16, as on the Triton routes (up to summation order and the fp8 GEMM's accumulation,
 fast accumulation off). It pays the widening every call (0.096 ms at 5120 x 4352 on the
 H200, tools/results/2026-12-04-h200-mxfp4-widen/, beside a 0.27 ms fp8 GEMM at 8192 rows,
--mxfp4-end-to-end/bench_mxfp4.json), so it is for prefill-sized calls
+bench_mxfp4.json of -mxfp4-end-to-end/, trimmed: git show 0f4a3bd:<that path>), so it is for prefill-sized calls
 (:func:`cublas_min_rows`); the widened weight is scratch, not kept (a kept copy would
 double an MXFP4 weight's memory).
 
@@ -47,7 +47,7 @@ from radiance_ar.streams import capturing
 #: The cuBLAS fp8 route pays the widening, N x K bytes written and read again; below
 #: these many rows the fp8 Triton kernel, which reads the 4-bit weight directly, wins.
 #: From the H200 sweep of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-end-to-end/
-#: sweep.json, widening included): at K = 2048 (o_proj) and 4096 rows the Triton kernel
+#: sweep.json, trimmed: git show 0f4a3bd:<that path>; widening included): at K = 2048 (o_proj) and 4096 rows the Triton kernel
 #: was faster for N = 4096 and 5120 (0.127 and 0.134 against 0.217 and 0.169 ms) and slower
 #: for N = 8192 (0.212 against 0.193), at 16384 rows slower for all; at K = 6400 and 7168
 #: (down_proj) the cuBLAS route was faster already at 2048 rows (0.163-0.312 against

@@ -23,7 +23,8 @@ timeline and the measurement tools use too, so they measure the op's own calls.
 The op is collective and ordered: every rank makes the same calls in the same order.
 The backends check that on every call (:mod:`radiance_ar.call_contract`) and raise on
 every rank that sees a late, missing or mismatched peer; one runtime serves one call
-at a time (a second thread entering while a call is in flight raises). Inside a caller's
+at a time, from the thread of its first call (any other thread is refused, and the
+refusal faults the rank). Inside a caller's
 CUDA-graph capture the sliced path runs where the backend's ``caller_capture_reason`` is
 None (``capture_safe`` backends; sdma and sdma_wht6 with the watchdog:
 :mod:`radiance_ar.transport.caller_graphs`), and raises with that reason elsewhere.

@@ -6,8 +6,8 @@ Plain-torch meaning of a planned call, for the rank's shards ``x`` and ``weight`
 
 :class:`CallPlan` holds what ``radiance::linear_ar`` decides before it computes: the
 path (sliced pipeline, or GEMM then the vendor all-reduce), the row bounds of the
-slices (:func:`row_bounds`: the settings' slice count and plan at the producer's row
-alignment), and the call's identity at the backend (``Backend.set_call_key``: M, K and
+slices (:func:`radiance_ar.overlap.slicing.op_bounds`: the settings' slice count and plan
+at the producer's row alignment), and the call's identity at the backend (``Backend.set_call_key``: M, K and
 the layer's number, which every slice's signature carries). :meth:`CallPlan.run` then
 runs the call exactly as the op does, with optional :class:`SliceHooks` around each
 GEMM slice and each AR slice: a tool that records events or times through the hooks

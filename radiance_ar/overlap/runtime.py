@@ -2,9 +2,9 @@
 
 ``radiance::linear_ar`` is a torch custom op and cannot take Python objects, so the
 state it needs lives here, set up once per process by :func:`configure` (the vLLM
-installer calls it; tests and tools call it directly). :func:`forward` is the op's
-body with the runtime passed explicitly, which lets one process drive several emulated
-ranks, each with its own runtime.
+installer calls it; tests and tools call it directly).
+:func:`radiance_ar.overlap.op.forward` is the op's body with the runtime passed explicitly,
+which lets one process drive several emulated ranks, each with its own runtime.
 """
 
 from __future__ import annotations

@@ -27,16 +27,18 @@ the base's time at M* (``Choice.base_ms``) and says whether the base was a candi
 
 Accuracy classes (``Backend.quantized``): ``exact`` backends sum the inputs' values as
 given, rounding once (stock, sdma); ``quantized`` ones carry a quantized payload, within
-their ``rel_rms_bound`` (sdma_wht6, oneshot_wht6: 2^-5). ``RADIANCE_AR_ACCURACY=exact``
+their ``rel_rms_bound`` (oneshot_wht6: 2^-5; sdma_wht6: 2^-5 one-shot, 2^-4 + 2^-10 where
+it may run two-shot). ``RADIANCE_AR_ACCURACY=exact``
 (the default) chooses among exact rows only; ``quantized`` among both.
 
 A file that cannot be read, is not this format or version, names a backend, plan or
 producer this package does not have, or holds no usable row, raises ``ValueError`` naming
 the file: ``auto`` never falls back silently. :func:`shipped` is the table inside the
 package (``tuning_h200.json``, measured on an H200), used when ``RADIANCE_AR_TUNING`` is
-unset. :attr:`TuningTable.digest` (of the file's bytes) joins every call's signature
-(``CallSignature.tuning``), so ranks that loaded different tables, or ask for a
-different accuracy, raise ``CollectiveMismatchError`` at their first call.
+unset. :meth:`TuningTable.signature_word` (of :attr:`TuningTable.digest`, the file's bytes,
+the accuracy and the usable backends) joins every call's signature (``CallSignature.tuning``),
+and ranks whose words differ raise ``CollectiveMismatchError`` at the auto runtime's
+agreement, before their first sliced call.
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ def mxfp4_w4a8_gemm(x: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
                     stream: int | None = None, config: LaunchConfig | None = None) -> torch.Tensor:
     """``out = x_scale[:, None] * (xq @ dequant(w, w_scale).T)`` (module doc); checks,
     allocates ``out`` (bf16) when not given, launches on ``stream`` (a raw handle;
-    default the current stream) with ``config`` (default: :data:`CONFIGS`)."""
+    default the current stream) with ``config`` (default: :func:`launch_config`)."""
     _check(x, x_scale, w, w_scale, out)
     rows, k = x.shape
     n = w.shape[0]

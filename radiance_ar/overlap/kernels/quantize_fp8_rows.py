@@ -57,8 +57,8 @@ MIN_SCALE = 1e-12  # per-token scale floor: an all-zero row quantizes to zeros, 
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: the bits of +infinity per input dtype (sign cleared, larger bits are NaN)
 INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
-#: rows up to this long are held in registers whole (16 KB of fp32 a row for 16 warps at
-#: most); every prefill shape of tools/model_shapes.py (K <= 7168) is one pass
+#: rows up to this long are held in registers whole (16384 values, 64 KB as fp32, a row over
+#: at most 8 warps); every prefill shape of tools/model_shapes.py (K <= 7168) is one pass
 ONE_PASS_MAX_K = 16384
 LOOP_BLOCK_K = 4096  # chunk of a longer row
 
