@@ -130,16 +130,19 @@ def test_a_case_over_the_case_timeout_exits_3_naming_it():
 
 
 def test_a_run_stopped_in_a_case_leaves_a_file_naming_it(tmp_path):
-    """A CPU case over --case-timeout raises in the pool; the file written before the case
-    holds what was measured before it and names the case that was running."""
+    """A CPU case over --case-timeout raises in the pool: the run stops with exit 3 (a file
+    cut short, as a GPU hang), its file holding what was measured before the case and naming
+    it, and stderr naming the pool's error."""
     out = str(tmp_path / "t.json")
     common = ("--world", "2", "--n", "256", "--k", "64", "--backends", "sdma", "--slices", "1",
               "--reps", "2", "--warmup", "1", "--out", out)
     assert tune("--m", "64", *common).returncode == 0
     r = tune("--m", "64,128", "--resume", "--case-timeout", "0.001", *common)
-    assert r.returncode != 0
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr and "no result from every rank within 0.001 s" in r.stderr
     t = tuning.load(out)
     assert len(t.rows) == 2 and "INCOMPLETE: case 1 of 2 (sdma M=128" in t.note, t.note
+    assert "failed: run_case: no result from every rank" in t.note
 
 
 def test_a_run_cut_short_says_incomplete_in_its_file_and_exits_3(tmp_path):

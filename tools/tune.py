@@ -47,6 +47,7 @@ from compare_args import int_list, parse_args as compare_parse_args
 import report
 from radiance_ar import envs
 from radiance_ar.envs import ACCURACY_CLASSES
+from radiance_ar.harness.cpu_world import WorldError
 from radiance_ar.overlap import tuning
 
 #: chunked prefill's chunk sizes (vLLM's max_num_batched_tokens settings) from the
@@ -80,7 +81,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
     p.add_argument("--case-timeout", type=float, default=None, metavar="S",
                    help="GPU: a case still running after S seconds is a hang: exit 3, the "
                         "file naming it (the H200's cases take ~0.6 s; 60 is ample); default "
-                        "none. CPU worlds: the pool gives up after S s (default 300) and raises")
+                        "none. CPU worlds: the pool gives up after S s (default 300): exit 3, the "
+                        "file naming the case")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows --out already holds (a run cut short or hung) and "
                         "measure only the cases it lacks")
@@ -313,6 +315,8 @@ def measure(own: argparse.Namespace, args: argparse.Namespace, command: str) -> 
             write("")
     except KeyboardInterrupt:
         stopped = f"interrupted after {len(records)} of {len(todo)} cases"
+    except WorldError as e:  # a CPU world's case over --case-timeout, or a rank that died
+        stopped = f"case {len(records) + 1} of {len(todo)} ({label}) failed: {e}"
     finally:
         for pool in pools.values():
             pool.close()
