@@ -48,8 +48,10 @@ def test_errors_against_float64():
 
 def test_median_and_spread():
     assert metrics.median_and_spread([3.0]) == (3.0, 0.0)
-    med, spread = metrics.median_and_spread([1.0, 2.0, 3.0, 4.0, 100.0])
-    assert med == 3.0 and 0 < spread < 50
+    # half the IQR by hand: the quartiles of 5 sorted samples at positions 1.5 and 4.5
+    # (1-based, between neighbours): (52 - 1.5) / 2; fewer than 4: half the range
+    assert metrics.median_and_spread([1.0, 2.0, 3.0, 4.0, 100.0]) == (3.0, pytest.approx(25.25))
+    assert metrics.median_and_spread([1.0, 5.0, 3.0]) == (3.0, 2.0)
     with pytest.raises(ValueError):
         metrics.median_and_spread([])
 
@@ -130,7 +132,9 @@ def test_contention_record_is_a_ratio_of_means_over_phases():
     r = gpu_timing.contention_record(([2.0, 2.5] * 10, [2.2, 2.5] * 10))
     assert r["contention"] == pytest.approx(4.7 / 4.5) and r["contention_max"] == pytest.approx(1.1)
     r = gpu_timing.contention_record(([2.0] * 20, [2.0, 2.2, 2.4, 2.6, 2.8] * 4))
-    assert r["contention_spread"] == pytest.approx(r["t_gemm_concurrent_spread_ms"] / 2.0)
+    # quartiles of [2.0, 2.2, 2.4, 2.6, 2.8] x 4 (20 samples, positions 5.25 and 15.75): 2.2, 2.6
+    assert r["t_gemm_concurrent_spread_ms"] == pytest.approx(0.2)
+    assert r["contention_spread"] == pytest.approx(0.1)
     assert r["contention_reps"] == 20 == gpu_timing.CONTENTION_MIN_REPS
 
 

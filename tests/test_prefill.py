@@ -202,14 +202,17 @@ def test_an_on_arms_bound_uses_the_slices_it_cut_each_chunk_into():
 
 
 def test_the_off_arms_parts_and_an_on_arms_bound_run_every_timed_step(monkeypatch):
-    # the GPU timing replaced by one call of each step (each "takes" 1 ms): the steps
-    # the bench times on a GPU run here on the CPU, each of their outputs checked
-    calls = []
+    # the GPU timing replaced by one call of each step, "taking" the times below in call
+    # order (the all-reduce at each chunk size, then per chunk size the two GEMMs; then the
+    # on arm's AR alone per chunk size): the steps the bench times on a GPU run here on the
+    # CPU, each of their outputs checked, and unequal times tell min from max and the two
+    # ARs apart
+    calls, times = [], [2.0, 2.0] + [0.5, 3.0] * 2 + [1.5] * 2
 
     def one_call(fn, reps, warmup, before=None):
         calls.append(fn)
         fn(0)
-        return 1.0, 0.0, 0.0
+        return times[len(calls) - 1], 0.0, 0.0
 
     monkeypatch.setattr(prefill_measure.gpu_timing, "device_and_host_ms", one_call)
     spec = prefill_measure.Spec(TINY, layers=2, chunk_rows=(64, 64, 32), slices=2)
@@ -219,17 +222,19 @@ def test_the_off_arms_parts_and_an_on_arms_bound_run_every_timed_step(monkeypatc
                               all_reduce=lambda i, o: reduced.append(o.copy_(i)))
     off = {"t_prefill_ms": 50.0}
     off.update(prefill_measure.off_arm_parts(spec, model, backend))
-    # per chunk size: the all-reduce, then the two RowParallel GEMMs
+    # per chunk size: the all-reduce and the two RowParallel GEMMs
     assert len(calls) == 2 * 3 and [r.shape[0] for r in reduced] == [32, 64]
-    assert off["per_chunk_rows"] == {str(r): {"t_ar_ms": 1.0, "t_o_proj_ms": 1.0,
-                                              "t_down_proj_ms": 1.0} for r in (32, 64)}
-    # 3 chunks x 2 layers x 2 all-reduces; hideable min(GEMM, AR) per call
-    assert off["t_ar_total_ms"] == 12.0 and off["t_hideable_ms"] == 12.0
+    assert off["per_chunk_rows"] == {str(r): {"t_ar_ms": 2.0, "t_o_proj_ms": 0.5,
+                                              "t_down_proj_ms": 3.0} for r in (32, 64)}
+    # 3 chunks x 2 layers x 2 all-reduces of 2 ms; hideable min(GEMM, AR) per call:
+    # min(0.5, 2) + min(3, 2) = 2.5 per chunk and layer (max would give 5)
+    assert off["t_ar_total_ms"] == 24.0 and off["t_hideable_ms"] == 15.0
     on = {"backend": "sdma", "t_prefill_ms": 40.0}
     prefill_measure.add_bound(spec, model, on, off,
                               prefill_measure.ar_alone_ms(spec, backend, model.device))
-    # every call GEMM 1, AR 1 at S = 2: bound 1.5, so 0.5 hidden by each of 3 x 2 x 2 calls
-    assert on["bound_ms"] == pytest.approx(50.0 - 12 * 0.5)
+    # halves, the on arm's AR alone 1.5: o_proj max(0.5 + 0.75, 1.5 + 0.25) = 1.75 saves
+    # 0.5 + 2 - 1.75 = 0.75, down_proj max(3 + 0.75, 1.5 + 1.5) = 3.75 saves 1.25; 3 x 2 times
+    assert on["bound_ms"] == pytest.approx(50.0 - 6 * (0.75 + 1.25))
     assert on["efficiency"] == pytest.approx(on["bound_ms"] / 40.0)
 
 
