@@ -139,33 +139,38 @@ def test_contention_record_is_a_ratio_of_means_over_phases():
 
 
 
-class _FakeCuda:
-    """torch.cuda's streams, events and synchronize as no-ops that log what the host does,
-    so gpu_timing's loops run on the CPU (their device times are not the point here)."""
+class _Stream:
+    """torch.cuda.Stream as the host sees it: its waits enqueue nothing here."""
 
-    def __init__(self, log):
-        class Stream:
-            def wait_stream(self, other): pass
-            def wait_event(self, event): pass
+    def wait_stream(self, other):
+        pass
 
-        class Event:
-            def __init__(self, enable_timing=False): pass
-            def record(self, stream=None): pass
-            def elapsed_time(self, end): return 1.0
+    def wait_event(self, event):
+        pass
 
-        self.Stream, self.Event = Stream, Event
-        self.current_stream = lambda: Stream()
-        self.stream = lambda s: contextlib.nullcontext()
-        self.synchronize = lambda: log.append("sync")
+
+class _Event:
+    """torch.cuda.Event whose every interval takes 1 ms."""
+
+    def __init__(self, enable_timing=False):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def elapsed_time(self, end):
+        return 1.0
 
 
 def test_contention_repeats_each_start_with_the_barrier_after_the_last_synchronize(monkeypatch):
     # A process world's ranks must start each repeat together: the AR beside the GEMM is a
     # collective, so a rank still in its previous repeat would leave its peers' AR waiting.
+    # gpu_timing's loops run here on stand-ins of torch.cuda that log what the host does.
     log = []
-    fake = _FakeCuda(log)
-    for name in ("Stream", "Event", "current_stream", "stream", "synchronize"):
-        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    for name, fake in (("Stream", _Stream), ("Event", _Event), ("current_stream", _Stream),
+                       ("stream", lambda s: contextlib.nullcontext()),
+                       ("synchronize", lambda: log.append("sync"))):
+        monkeypatch.setattr(torch.cuda, name, fake)
     monkeypatch.setattr(gpu_timing, "device_lead", lambda ms: None)
     alone, beside = gpu_timing.contention_times(
         lambda i: log.append("gemm"), lambda j: log.append("ar"), 1.0, 1.0, 20, 3,
@@ -174,9 +179,10 @@ def test_contention_repeats_each_start_with_the_barrier_after_the_last_synchroni
     repeats = " ".join(log).replace(" barrier", "\nbarrier").split("\n")
     assert len(repeats) == 2 * (20 + 3)  # warm-up included, alone and beside
     assert repeats[0] == "barrier gemm sync"  # alone: no side calls
-    side_calls = max(2, math.ceil(2.0 / 1.0) + 1)
-    assert repeats[-1] == "barrier " + "ar " * side_calls + "gemm sync"
+    # beside: AR calls of 1 ms enough to outlast a 1 ms GEMM started up to 1 ms in: 3
+    assert repeats[-1] == "barrier ar ar ar gemm sync"
     assert all(r.startswith("barrier ") and r.endswith(" sync") for r in repeats)
+
 
 def test_link_copy_plan():
     # sdma one-shot, W=4, S=4: 3 peers x 4 slices, each a quarter of the slice

@@ -3,9 +3,10 @@
 
     python tools/merge_results.py OUT_DIR run1/compare.json run2/compare.json ...
 
-Useful when backends were run as separate processes (e.g. one per backend, each under
-its own timeout on a lent GPU). The mode header of the first file is kept (its
-spin_footprint replaced by the last file's that has one), with every file's command listed; files from different worlds or W are refused.
+Useful when backends were run as separate processes (e.g. one per backend, each under its
+own timeout on a lent GPU). The mode header of the first file is kept (its spin_footprint
+replaced by the last file's that has one), with every file's command listed; files from
+different worlds or W are refused.
 """
 
 from __future__ import annotations

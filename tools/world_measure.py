@@ -3,9 +3,9 @@
 Runs the same code on each rank of a CPU world (gloo) or of a torchrun GPU world:
 verify first, then time. Timings are medians over ``reps`` after ``warmup`` calls; on a GPU
 device-event samples (:func:`gpu_timing.event_times`: an untimed barrier before each sample of
-back-to-back calls), on the CPU ``perf_counter`` times of calls each after a barrier. The reference is independent of every backend: each rank's
-float64 product of its dequantized operands (:mod:`producer_inputs`), summed over ranks
-by a float64 all-reduce.
+back-to-back calls), on the CPU ``perf_counter`` times of calls each after a barrier. The
+reference is independent of every backend: each rank's float64 product of its dequantized
+operands (:mod:`producer_inputs`), summed over ranks by a float64 all-reduce.
 
 Besides GEMM, AR, serial and overlapped op, it times the AR as S slice calls back to
 back (the slice overhead); on a GPU also the GEMM beside the AR (contention), the raw

@@ -10,9 +10,9 @@ of two, so the result is the fp32 sum of the exact products times x_scale, round
 bf16, as on the Triton routes (up to summation order and the fp8 GEMM's accumulation,
 fast accumulation off). It pays the widening every call (0.096 ms at 5120 x 4352 on the
 H200, tools/results/2026-12-04-h200-mxfp4-widen/, beside a 0.27 ms fp8 GEMM at 8192 rows,
-bench_mxfp4.json of -mxfp4-end-to-end/, trimmed: git show 0f4a3bd:<that path>), so it is for prefill-sized calls
-(:func:`cublas_min_rows`); the widened weight is scratch, not kept (a kept copy would
-double an MXFP4 weight's memory).
+bench_mxfp4.json of -mxfp4-end-to-end/, trimmed: git show 0f4a3bd:<that path>), so it is for
+prefill-sized calls (:func:`cublas_min_rows`); the widened weight is scratch, not kept (a
+kept copy would double an MXFP4 weight's memory).
 
 Otherwise the packed weight goes to a Triton kernel (the bf16-widening
 ``mxfp4_w4a8`` for a weight that does not fit, with a warning naming the reason once per
@@ -47,12 +47,12 @@ from radiance_ar.streams import capturing
 #: The cuBLAS fp8 route pays the widening, N x K bytes written and read again; below
 #: these many rows the fp8 Triton kernel, which reads the 4-bit weight directly, wins.
 #: From the H200 sweep of 2026-12-04 (tools/results/2026-12-04-h200-mxfp4-end-to-end/
-#: sweep.json, trimmed: git show 0f4a3bd:<that path>; widening included): at K = 2048 (o_proj) and 4096 rows the Triton kernel
-#: was faster for N = 4096 and 5120 (0.127 and 0.134 against 0.217 and 0.169 ms) and slower
-#: for N = 8192 (0.212 against 0.193), at 16384 rows slower for all; at K = 6400 and 7168
-#: (down_proj) the cuBLAS route was faster already at 2048 rows (0.163-0.312 against
-#: 0.173-0.339 ms). Between the measured row counts, and for K between 2048 and 6400 (the
-#: bench's 4352 included), the threshold is an estimate.
+#: sweep.json, trimmed: git show 0f4a3bd:<that path>; widening included): at K = 2048
+#: (o_proj) and 4096 rows the Triton kernel was faster for N = 4096 and 5120 (0.127 and
+#: 0.134 against 0.217 and 0.169 ms) and slower for N = 8192 (0.212 against 0.193), at 16384
+#: rows slower for all; at K = 6400 and 7168 (down_proj) the cuBLAS route was faster already
+#: at 2048 rows (0.163-0.312 against 0.173-0.339 ms). Between the measured row counts, and
+#: for K between 2048 and 6400 (the bench's 4352 included), the threshold is an estimate.
 #: (largest K, fewest rows), in order of K; the last row holds for every K
 CUBLAS_MIN_ROWS = ((2048, 8192), (2 ** 31, 2048))
 

@@ -4,12 +4,12 @@ Plain-torch meaning of a planned call, for the rank's shards ``x`` and ``weight`
 
     out = sum over ranks r of (x_r @ weight_r.T)          # M x N, dtype of x
 
-:class:`CallPlan` holds what ``radiance::linear_ar`` decides before it computes: the
-path (sliced pipeline, or GEMM then the vendor all-reduce), the row bounds of the
-slices (:func:`radiance_ar.overlap.slicing.op_bounds`: the settings' slice count and plan
-at the producer's row alignment), and the call's identity at the backend (``Backend.set_call_key``: M, K and
-the layer's number, which every slice's signature carries). :meth:`CallPlan.run` then
-runs the call exactly as the op does, with optional :class:`SliceHooks` around each
+:class:`CallPlan` holds what ``radiance::linear_ar`` decides before it computes: the path
+(sliced pipeline, or GEMM then the vendor all-reduce), the row bounds of the slices
+(:func:`radiance_ar.overlap.slicing.op_bounds`: the settings' slice count and plan at the
+producer's row alignment), and the call's identity at the backend (``Backend.set_call_key``:
+M, K and the layer's number, which every slice's signature carries). :meth:`CallPlan.run`
+then runs the call exactly as the op does, with optional :class:`SliceHooks` around each
 GEMM slice and each AR slice: a tool that records events or times through the hooks
 measures the op's own calls, not a copy of them.
 

@@ -6,8 +6,9 @@ Loading convention (every module here follows it, and the codec's kernels in
 
 - A kernel module imports ``triton`` at the top and defines its ``@triton.jit``
   functions at module level (no rebinding at run time): here ``oneshot_wht6_kernel``,
-  ``reduce_sum_kernel`` and ``spin_hold``. Nothing imports a kernel module at package import time: a caller
-  imports it where it launches (``radiance_ar.wht6``, the front ends below, the GPU tools).
+  ``reduce_sum_kernel`` and ``spin_hold``. Nothing imports a kernel module at package
+  import time: a caller imports it where it launches (``radiance_ar.wht6``, the front ends
+  below, the GPU tools).
 - A front end is host code without a Triton import: argument checks, sizes, CPU
   references and the launch, which imports its kernel module at the first launch. It
   exists where a caller must import the name on any machine: ``oneshot_wht6`` (imported
